@@ -1,0 +1,83 @@
+//! Errors: configuration refused at build time, store failures, and the typed refusal of
+//! the generic (non-HTTP) middleware.
+
+use std::{error::Error, fmt, time::Duration};
+
+/// A configuration value that tollgate refuses. Returned when a quota, a policy or a layer
+/// is built, so an invalid limit never reaches a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The quota's limit (units per period) is zero.
+    ZeroLimit,
+    /// The quota's period is zero.
+    ZeroPeriod,
+    /// The burst (bucket capacity) is zero.
+    ZeroBurst,
+    /// `period / limit` is shorter than the clock's resolution (1 ns): the rate is above
+    /// 10^9 units per second.
+    IntervalBelowResolution {
+        /// The requested limit.
+        limit: u64,
+        /// The requested period.
+        period: Duration,
+    },
+    /// A value is too large: the bucket's time horizon (burst, queue and period together)
+    /// must stay below [`crate::quota::MAX_HORIZON`].
+    Overflow(&'static str),
+    /// A burst was set on an algorithm that has none (the strict leaky meter, windows).
+    BurstNotApplicable(&'static str),
+    /// The leaky queue's `nodelay` share is larger than the queue.
+    DelayExceedsQueue {
+        /// The requested no-delay share.
+        nodelay: u32,
+        /// The queue size.
+        queue: u32,
+    },
+    /// A policy with no limits in it.
+    NoLimits,
+    /// More limits in one policy than [`crate::MAX_LIMITS`].
+    TooManyLimits(usize),
+    /// A limit name that cannot be sent in a `RateLimit` header (it must be printable ASCII).
+    InvalidName(String),
+    /// A CIDR block (for trusted proxies) that does not parse.
+    InvalidCidr(String),
+    /// An IPv6 grouping prefix longer than 128 bits, or an IPv4 one longer than 32.
+    InvalidPrefix(u8),
+    /// A header name that is not a valid HTTP header name.
+    InvalidHeaderName(String),
+    /// A store setting that cannot work (the message says which).
+    Store(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroLimit => f.write_str("quota limit must be at least 1"),
+            Self::ZeroPeriod => f.write_str("quota period must be longer than zero"),
+            Self::ZeroBurst => f.write_str("burst must be at least 1"),
+            Self::IntervalBelowResolution { limit, period } => write!(
+                f,
+                "{limit} per {period:?} is more than one unit per nanosecond (the clock's resolution)"
+            ),
+            Self::Overflow(what) => write!(f, "value too large: {what}"),
+            Self::BurstNotApplicable(alg) => write!(f, "the {alg} algorithm takes no burst"),
+            Self::DelayExceedsQueue { nodelay, queue } => {
+                write!(f, "nodelay ({nodelay}) is larger than the queue ({queue})")
+            }
+            Self::NoLimits => f.write_str("a policy needs at least one limit"),
+            Self::TooManyLimits(n) => write!(
+                f,
+                "{n} limits in one policy; at most {} are supported",
+                crate::MAX_LIMITS
+            ),
+            Self::InvalidName(n) => write!(f, "limit name {n:?} is not printable ASCII"),
+            Self::InvalidCidr(c) => write!(f, "invalid CIDR block {c:?}"),
+            Self::InvalidPrefix(p) => write!(f, "invalid address prefix length /{p}"),
+            Self::InvalidHeaderName(h) => write!(f, "invalid header name {h:?}"),
+            Self::Store(msg) => write!(f, "store configuration: {msg}"),
+        }
+    }
+}
+
+impl Error for ConfigError {}
