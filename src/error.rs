@@ -81,3 +81,28 @@ impl fmt::Display for ConfigError {
 }
 
 impl Error for ConfigError {}
+
+/// A shared store could not decide (Redis slow, gone, or refusing). What the middleware
+/// does then is its failure policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The call did not finish within its deadline.
+    Timeout(Duration),
+    /// The circuit breaker is open: the store is not being called.
+    CircuitOpen,
+    /// The store answered with an error or could not be reached.
+    Backend(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout(d) => write!(f, "rate-limit store did not answer within {d:?}"),
+            Self::CircuitOpen => f.write_str("rate-limit store circuit breaker is open"),
+            Self::Backend(msg) => write!(f, "rate-limit store error: {msg}"),
+        }
+    }
+}
+
+impl Error for StoreError {}

@@ -1,15 +1,19 @@
 //! tollgate: rate-limiting middleware for tower and axum.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod algorithm;
+pub mod clock;
+pub mod decision;
 pub mod error;
 pub mod key;
+pub mod quota;
+pub mod store;
 
-pub use error::ConfigError;
+pub use algorithm::{Algorithm, Limit, Policy};
+pub use decision::{Decision, LimitReport, Outcome, Source};
+pub use error::{ConfigError, StoreError};
+pub use quota::Quota;
+pub use store::{MemoryStore, Store};
 
 /// The most limits (quotas) one policy may combine.
 pub const MAX_LIMITS: usize = 4;
-/// Placeholder re-export path for the quota module (filled in by the core).
-pub mod quota {
-    /// The longest time horizon a bucket may span, in nanoseconds (about 146 years).
-    pub const MAX_HORIZON: u64 = 1 << 62;
-}

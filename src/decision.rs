@@ -1,0 +1,184 @@
+//! The outcome of asking "may this key spend `cost` units now?".
+//!
+//! A [`Decision`] carries everything a response needs: allowed or not, the wait of a
+//! queued request, the exact retry-after of a refusal, and per limit the remaining units,
+//! the time until the limit is fully restored and the time until one more unit is
+//! available (the IETF `RateLimit` field's `t`).
+
+use std::time::Duration;
+
+use crate::MAX_LIMITS;
+
+/// Allowed (possibly after a wait), denied, or never admissible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted and charged. `wait` is zero except for a queued request (leaky-bucket
+    /// queue), which must wait that long before it proceeds.
+    Allowed {
+        /// How long to wait before proceeding (the request's slot).
+        wait: Duration,
+    },
+    /// Refused; nothing was charged. The same request is admitted exactly `retry_after`
+    /// from now (and refused 1 ns earlier), if nothing else spends the quota meanwhile.
+    Denied {
+        /// Time until the request would be admitted.
+        retry_after: Duration,
+    },
+    /// The cost is larger than some limit could ever admit at once (it exceeds the burst,
+    /// or the window's limit). Retrying does not help.
+    Exceeds,
+}
+
+/// Who made a decision: observable for failure handling (see the Redis store's failure
+/// policy) and in `tracing` events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Source {
+    /// This process's own state (the in-memory store, or local-first mode).
+    #[default]
+    Local,
+    /// The shared store (Redis) decided.
+    Store,
+    /// A refusal remembered locally until its retry-after (no store call was made).
+    NegativeCache,
+    /// The store failed; the local fallback limiter decided.
+    Fallback,
+    /// The store failed; the request was admitted (fail open).
+    FailOpen,
+    /// The store failed; the request was refused (fail closed).
+    FailClosed,
+}
+
+/// What one limit of a policy says about a request. See [`Decision::limits`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitReport {
+    pub(crate) index: u8,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after: u64,
+    pub(crate) next_after: u64,
+}
+
+impl LimitReport {
+    /// Position of the limit in its policy.
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+
+    /// Whether this limit admits the request (a refusal names the limits that did not).
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Units that could still be spent at once, without waiting, after this decision.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the limit is fully restored (as if the key had never been seen).
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after)
+    }
+
+    /// Time until one more unit becomes available; zero when the limit is full.
+    pub fn next_after(&self) -> Duration {
+        Duration::from_nanos(self.next_after)
+    }
+}
+
+/// The decision for one request. See the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) outcome: Outcome,
+    pub(crate) source: Source,
+    pub(crate) len: u8,
+    pub(crate) limits: [LimitReport; MAX_LIMITS],
+}
+
+impl Decision {
+    pub(crate) fn single(outcome: Outcome, report: LimitReport) -> Self {
+        let mut limits = [LimitReport::default(); MAX_LIMITS];
+        limits[0] = report;
+        Decision {
+            outcome,
+            source: Source::Local,
+            len: 1,
+            limits,
+        }
+    }
+
+    /// Allowed, denied or exceeding.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// Who decided.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The same decision, attributed to `source`.
+    pub fn with_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// A decision made without any limit's state (a store failure handled by failing open
+    /// or closed): one report per limit of `policy` with nothing remaining.
+    pub fn without_state(outcome: Outcome, source: Source, limits: usize) -> Self {
+        let mut reports = [LimitReport::default(); MAX_LIMITS];
+        let len = limits.clamp(1, MAX_LIMITS);
+        for (i, r) in reports.iter_mut().enumerate().take(len) {
+            r.index = i as u8;
+            r.allowed = matches!(outcome, Outcome::Allowed { .. });
+        }
+        Decision {
+            outcome,
+            source,
+            len: len as u8,
+            limits: reports,
+        }
+    }
+
+    /// Whether the request was admitted (perhaps after [`Decision::wait`]).
+    pub fn is_allowed(&self) -> bool {
+        matches!(self.outcome, Outcome::Allowed { .. })
+    }
+
+    /// The wait of an admitted, queued request; zero otherwise.
+    pub fn wait(&self) -> Duration {
+        match self.outcome {
+            Outcome::Allowed { wait } => wait,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The exact time until a refused request would be admitted; `None` when allowed or
+    /// when the cost can never be admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::Denied { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    /// One report per limit of the policy, in policy order.
+    pub fn limits(&self) -> &[LimitReport] {
+        &self.limits[..self.len as usize]
+    }
+
+    /// The smallest remaining count over all limits.
+    pub fn remaining(&self) -> u64 {
+        self.limits().iter().map(|l| l.remaining).min().unwrap_or(0)
+    }
+
+    /// Time until every limit is fully restored.
+    pub fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.limits().iter().map(|l| l.reset_after).max().unwrap_or(0))
+    }
+
+    /// The limits that refused the request (empty when allowed).
+    pub fn violated(&self) -> impl Iterator<Item = &LimitReport> + '_ {
+        self.limits().iter().filter(|l| !l.allowed)
+    }
+}
