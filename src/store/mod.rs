@@ -93,7 +93,9 @@ impl fmt::Debug for CheckFuture {
             CheckInner::Ready(_) => "ready",
             CheckInner::Boxed(_) => "pending",
         };
-        f.debug_struct("CheckFuture").field("state", &state).finish()
+        f.debug_struct("CheckFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -102,10 +104,11 @@ impl Future for CheckFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().inner {
-            CheckInner::Ready(r) => Poll::Ready(
-                r.take()
-                    .unwrap_or_else(|| Err(StoreError::Backend("CheckFuture polled after completion".into()))),
-            ),
+            CheckInner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
+                Err(StoreError::Backend(
+                    "CheckFuture polled after completion".into(),
+                ))
+            })),
             CheckInner::Boxed(f) => f.as_mut().poll(cx),
         }
     }
