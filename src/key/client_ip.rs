@@ -71,12 +71,12 @@ impl ForwardedHeader {
 /// 4. If, before an untrusted address is found, an entry is malformed, `unknown`, an
 ///    obfuscated identifier (`_hidden`), a `Forwarded` element without `for=`, or the walk
 ///    reaches its limits (64 entries, 8 KiB of header counted from the right), the walk
-///    stops and the key is the **last trusted hop** seen: the address that handed the
-///    request to a trusted proxy's successor (the peer, if the very first entry is the
-///    problem). Skipping past a bad entry would mean trusting what lies to its left,
-///    which a trusted proxy did not vouch for; failing (`None`) would let a client opt out
-///    of limiting with a garbage header. Keying on the last trusted hop never returns an
-///    address that a client could have written and never errors.
+///    stops and the key is the **last trusted hop** seen: the trusted proxy that wrote
+///    the bad entry (the peer, if the rightmost entry is already bad). Skipping past a
+///    bad entry would mean trusting what lies to its left, which no trusted proxy vouched
+///    for; giving no key (`None`) would let a garbage header pick the layer's missing-key
+///    behaviour. Keying on the last trusted hop never returns an address a client could
+///    have written, and never fails.
 ///
 /// Empty list elements (`a,,b`) are skipped, as HTTP list syntax requires. `X-Forwarded-For`
 /// entries may carry a port (`192.0.2.1:80`, `[2001:db8::1]:80`); IPv6 may be bare.
