@@ -2,7 +2,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use axum::extract::ConnectInfo;
 use http::{HeaderValue, Method, Request};
 use tollgate::{
     key::{
@@ -20,14 +19,19 @@ fn sock(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-/// A request from `peer` (as axum's `ConnectInfo`) with the given header lines.
+/// A request from `peer` (as axum's `ConnectInfo`, or a plain `SocketAddr` without the
+/// `axum` feature) with the given header lines.
 fn request(peer: &str, headers: &[(&str, &[u8])]) -> Request<()> {
     let mut b = Request::builder();
     for (name, value) in headers {
         b = b.header(*name, HeaderValue::from_bytes(value).unwrap());
     }
     let mut req = b.body(()).unwrap();
-    req.extensions_mut().insert(ConnectInfo(sock(peer)));
+    #[cfg(feature = "axum")]
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(sock(peer)));
+    #[cfg(not(feature = "axum"))]
+    req.extensions_mut().insert(sock(peer));
     req
 }
 
