@@ -348,3 +348,45 @@ mod jwt {
         assert_eq!(refuse_all.extract(&bearer(&genuine)), None);
     }
 }
+
+/// The extractors see what axum puts in the extensions: the peer address from the
+/// `MockConnectInfo` layer (regression: it inserts `MockConnectInfo<SocketAddr>`, not
+/// `ConnectInfo`, and was first missed) and, inside `route_layer`, `MatchedPath`.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn inside_an_axum_router() {
+    use std::sync::{Arc, Mutex};
+
+    use axum::{
+        body::Body,
+        extract::connect_info::MockConnectInfo,
+        middleware::{from_fn, Next},
+        routing::get,
+        Router,
+    };
+    use tollgate::key::MatchedRoute;
+    use tower::ServiceExt as _;
+
+    type Seen = Arc<Mutex<Vec<Option<(IpAddr, String)>>>>;
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    let key = (proxies(), MatchedRoute::new());
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .route_layer(from_fn(move |req: axum::extract::Request, next: Next| {
+            record.lock().unwrap().push(key.extract(&req));
+            next.run(req)
+        }))
+        .layer(MockConnectInfo(sock("10.0.0.1:9000")));
+
+    let req = Request::get("/items/3")
+        .header("x-forwarded-for", "6.6.6.6, 203.0.113.8")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Some((ip("203.0.113.8"), "/items/{id}".to_owned()))]
+    );
+}

@@ -30,9 +30,11 @@ pub(super) const DEFAULT_IPV6_PREFIX: u8 = 56;
 /// The request extensions, in this order:
 ///
 /// 1. `axum::extract::ConnectInfo<SocketAddr>` (feature `axum`): present when the app is
-///    served with `into_make_service_with_connect_info::<SocketAddr>()` (or, in tests,
-///    with `MockConnectInfo`).
-/// 2. A plain [`SocketAddr`], for hyper servers without axum: insert the remote address
+///    served with `into_make_service_with_connect_info::<SocketAddr>()`.
+/// 2. `axum::extract::connect_info::MockConnectInfo<SocketAddr>` (feature `axum`), which
+///    the `MockConnectInfo` layer inserts in tests; axum's `ConnectInfo` extractor falls
+///    back to it the same way.
+/// 3. A plain [`SocketAddr`], for hyper servers without axum: insert the remote address
 ///    into each request's extensions in your accept loop.
 ///
 /// If neither is present the key is `None`.
@@ -113,8 +115,16 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
 pub(super) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
     let ext = req.extensions();
     #[cfg(feature = "axum")]
-    if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
-        return Some(info.0);
+    {
+        use axum::extract::{connect_info::MockConnectInfo, ConnectInfo};
+        if let Some(ConnectInfo(addr)) = ext.get::<ConnectInfo<SocketAddr>>() {
+            return Some(*addr);
+        }
+        // What axum's own `ConnectInfo` extractor falls back to: the `MockConnectInfo`
+        // layer inserts this type, not `ConnectInfo`.
+        if let Some(MockConnectInfo(addr)) = ext.get::<MockConnectInfo<SocketAddr>>() {
+            return Some(*addr);
+        }
     }
     ext.get::<SocketAddr>().copied()
 }
@@ -211,6 +221,21 @@ mod tests {
     #[test]
     fn reads_connect_info_first() {
         let mut req = req_from("192.0.2.1:1");
+        req.extensions_mut().insert(axum::extract::ConnectInfo(
+            "198.51.100.2:2".parse::<SocketAddr>().unwrap(),
+        ));
+        assert_eq!(PeerIp::new().extract(&req), Some(ip("198.51.100.2")));
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn reads_mock_connect_info() {
+        use axum::extract::connect_info::MockConnectInfo;
+        let mut req = req_from("192.0.2.1:1");
+        req.extensions_mut().insert(MockConnectInfo(
+            "198.51.100.3:3".parse::<SocketAddr>().unwrap(),
+        ));
+        assert_eq!(PeerIp::new().extract(&req), Some(ip("198.51.100.3")));
         req.extensions_mut().insert(axum::extract::ConnectInfo(
             "198.51.100.2:2".parse::<SocketAddr>().unwrap(),
         ));
