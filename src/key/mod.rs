@@ -62,6 +62,7 @@
 //! assert_eq!(by_tenant.extract(&Job { tenant: 7 }), Some(7));
 //! ```
 
+mod cidr;
 mod client_ip;
 mod composite;
 mod extension;
