@@ -118,6 +118,24 @@ where
         }
     }
 
+    /// The state for a decided request: refused, called at once, or queued.
+    pub(crate) fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
+    where
+        S: Clone,
+    {
+        match next {
+            Next::Refuse(out) => Machine::refused(out),
+            Next::Proceed { wait, extra, .. } if wait.is_zero() => {
+                Machine::calling(inner.call(req), Some(extra))
+            }
+            Next::Proceed {
+                wait,
+                extra,
+                refund,
+            } => Machine::waiting(take_ready(inner), req, wait, extra, refund),
+        }
+    }
+
     pub(crate) fn checking(
         check: CheckFuture,
         then: Continuation<Req, O, H>,
@@ -219,6 +237,12 @@ where
             }
         }
     }
+}
+
+/// Moves the service that was driven to readiness into the future, leaving a clone.
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
 impl<S, Req, F, O, H> fmt::Debug for Machine<S, Req, F, O, H> {

@@ -43,9 +43,9 @@ use tower_service::Service;
 
 pub use crate::error::{KeyMissing, RateLimited};
 use crate::{
-    future::{Finished, Machine, Next},
+    future::{take_ready, Finished, Machine},
     key::KeyExtractor,
-    layer::{Cost, MissingKey, Shared},
+    layer::{Cost, Shared, Start},
     store::Store,
     BoxError,
 };
@@ -171,44 +171,30 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
-        let key = match shared.key.extract(&req) {
-            Some(k) => Some(k),
-            None => match shared.missing {
-                MissingKey::Shared => None,
-                MissingKey::Allow => {
-                    return ResponseFuture {
-                        machine: Machine::calling(self.inner.call(req), None),
-                    }
+        let (key, cost, mut check) = match shared.start(&req) {
+            Start::Checked { key, cost, check } => (key, cost, check),
+            Start::Unlimited => {
+                return ResponseFuture {
+                    machine: Machine::calling(self.inner.call(req), None),
                 }
-                MissingKey::Reject(_) => {
-                    return ResponseFuture {
-                        machine: Machine::refused(Box::new(KeyMissing)),
-                    }
+            }
+            Start::Reject(_) => {
+                return ResponseFuture {
+                    machine: Machine::refused(Box::new(KeyMissing)),
                 }
-            },
+            }
         };
-        let cost = shared.cost.cost(&req);
-        let mut check = shared.store.check(&key, cost);
         let machine = match check.take_ready() {
-            Some(result) => match shared.next(&key, cost, result, refuse, |_, _| ()).0 {
-                Next::Refuse(e) => Machine::refused(e),
-                Next::Proceed { wait, .. } if wait.is_zero() => {
-                    Machine::calling(self.inner.call(req), None)
-                }
-                Next::Proceed { wait, refund, .. } => {
-                    let clone = self.inner.clone();
-                    let svc = std::mem::replace(&mut self.inner, clone);
-                    Machine::waiting(svc, req, wait, (), refund)
-                }
-            },
+            Some(result) => {
+                let next = shared.next(&key, cost, result, refuse, |_, _| ()).0;
+                Machine::from_next(next, &mut self.inner, req)
+            }
             None => {
                 let shared = Arc::clone(shared);
                 let then = Box::new(move |result, _: &mut Req| {
                     shared.next(&key, cost, result, refuse, |_, _| ()).0
                 });
-                let clone = self.inner.clone();
-                let svc = std::mem::replace(&mut self.inner, clone);
-                Machine::checking(check, then, svc, req)
+                Machine::checking(check, then, take_ready(&mut self.inner), req)
             }
         };
         ResponseFuture { machine }

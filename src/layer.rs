@@ -115,7 +115,39 @@ pub(crate) struct Shared<X, St, C> {
     pub(crate) expose: bool,
 }
 
+/// How a request starts: the store's answer for its key, or what to do without a key.
+pub(crate) enum Start<K> {
+    Checked {
+        key: Option<K>,
+        cost: u64,
+        check: crate::store::CheckFuture,
+    },
+    Unlimited,
+    Reject(StatusCode),
+}
+
 impl<X, St, C> Shared<X, St, C> {
+    /// Extracts the key and the cost and asks the store.
+    #[inline]
+    pub(crate) fn start<Req>(&self, req: &Req) -> Start<X::Key>
+    where
+        X: KeyExtractor<Req>,
+        C: Cost<Req>,
+        St: Store<Option<X::Key>>,
+    {
+        let key = match self.key.extract(req) {
+            Some(k) => Some(k),
+            None => match self.missing {
+                MissingKey::Shared => None,
+                MissingKey::Allow => return Start::Unlimited,
+                MissingKey::Reject(status) => return Start::Reject(status),
+            },
+        };
+        let cost = self.cost.cost(req);
+        let check = self.store.check(&key, cost);
+        Start::Checked { key, cost, check }
+    }
+
     /// The common step from a store's answer to the next state. `refuse` builds the
     /// refusal, `allow` the extra carried to the response.
     pub(crate) fn next<K, O, H>(
@@ -227,15 +259,17 @@ impl RateLimitLayer {
         Builder {
             key: Global::new(),
             cost: UnitCost,
-            limits: Vec::new(),
-            error: None,
-            missing: MissingKey::default(),
-            on_error: OnStoreError::default(),
-            ietf: true,
-            legacy: false,
-            problem: true,
-            rejection: None,
-            expose: false,
+            cfg: Config {
+                limits: Vec::new(),
+                error: None,
+                missing: MissingKey::default(),
+                on_error: OnStoreError::default(),
+                ietf: true,
+                legacy: false,
+                problem: true,
+                rejection: None,
+                expose: false,
+            },
         }
     }
 }
@@ -257,6 +291,11 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
 pub struct Builder<X, C> {
     key: X,
     cost: C,
+    cfg: Config,
+}
+
+/// Everything of a builder that does not change its type.
+struct Config {
     limits: Vec<Limit>,
     error: Option<ConfigError>,
     missing: MissingKey,
@@ -272,8 +311,8 @@ impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("key", &self.key)
-            .field("limits", &self.limits)
-            .field("missing", &self.missing)
+            .field("limits", &self.cfg.limits)
+            .field("missing", &self.cfg.missing)
             .finish_non_exhaustive()
     }
 }
@@ -284,15 +323,7 @@ impl<X, C> Builder<X, C> {
         Builder {
             key,
             cost: self.cost,
-            limits: self.limits,
-            error: self.error,
-            missing: self.missing,
-            on_error: self.on_error,
-            ietf: self.ietf,
-            legacy: self.legacy,
-            problem: self.problem,
-            rejection: self.rejection,
-            expose: self.expose,
+            cfg: self.cfg,
         }
     }
 
@@ -301,23 +332,15 @@ impl<X, C> Builder<X, C> {
         Builder {
             key: self.key,
             cost,
-            limits: self.limits,
-            error: self.error,
-            missing: self.missing,
-            on_error: self.on_error,
-            ietf: self.ietf,
-            legacy: self.legacy,
-            problem: self.problem,
-            rejection: self.rejection,
-            expose: self.expose,
+            cfg: self.cfg,
         }
     }
 
     fn push(mut self, limit: Result<Limit, ConfigError>) -> Self {
         match limit {
-            Ok(l) => self.limits.push(l),
+            Ok(l) => self.cfg.limits.push(l),
             Err(e) => {
-                self.error.get_or_insert(e);
+                self.cfg.error.get_or_insert(e);
             }
         }
         self
@@ -330,7 +353,9 @@ impl<X, C> Builder<X, C> {
 
     /// Adds every limit of a policy.
     pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
-        self.limits.extend(policy.into().limits().iter().cloned());
+        self.cfg
+            .limits
+            .extend(policy.into().limits().iter().cloned());
         self
     }
 
@@ -351,32 +376,32 @@ impl<X, C> Builder<X, C> {
 
     /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.missing = missing;
+        self.cfg.missing = missing;
         self
     }
 
     /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.on_error = on_error;
+        self.cfg.on_error = on_error;
         self
     }
 
     /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (default on).
     pub fn ietf_headers(mut self, on: bool) -> Self {
-        self.ietf = on;
+        self.cfg.ietf = on;
         self
     }
 
     /// The legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` trio (default off).
     pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.legacy = on;
+        self.cfg.legacy = on;
         self
     }
 
     /// RFC 9457 `application/problem+json` refusal bodies (default on); off, a refusal
     /// has an empty body.
     pub fn problem_details(mut self, on: bool) -> Self {
-        self.problem = on;
+        self.cfg.problem = on;
         self
     }
 
@@ -386,38 +411,43 @@ impl<X, C> Builder<X, C> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.rejection = Some(Arc::new(f));
+        self.cfg.rejection = Some(Arc::new(f));
         self
     }
 
     /// Inserts the [`Decision`] into the request's extensions so handlers can read the
     /// remaining quota (default off: it costs an allocation per request).
     pub fn expose_decision(mut self, on: bool) -> Self {
-        self.expose = on;
+        self.cfg.expose = on;
         self
     }
 
     fn finish<St>(self, store: St, policy: &Policy) -> RateLimitLayer<X, St, C> {
-        let responder =
-            Responder::new(policy, self.ietf, self.legacy, self.problem, self.rejection);
+        let responder = Responder::new(
+            policy,
+            self.cfg.ietf,
+            self.cfg.legacy,
+            self.cfg.problem,
+            self.cfg.rejection,
+        );
         RateLimitLayer {
             shared: Arc::new(Shared {
                 key: self.key,
                 store,
                 cost: self.cost,
-                missing: self.missing,
-                on_error: self.on_error,
+                missing: self.cfg.missing,
+                on_error: self.cfg.on_error,
                 responder: Arc::new(responder),
-                expose: self.expose,
+                expose: self.cfg.expose,
             }),
         }
     }
 
     fn take_policy(&mut self) -> Result<Policy, ConfigError> {
-        if let Some(e) = self.error.take() {
+        if let Some(e) = self.cfg.error.take() {
             return Err(e);
         }
-        Policy::from_limits(std::mem::take(&mut self.limits))
+        Policy::from_limits(std::mem::take(&mut self.cfg.limits))
     }
 
     /// Builds the layer for HTTP requests with the in-memory store (following tokio's
@@ -465,7 +495,7 @@ impl<X, C> Builder<X, C> {
         St: Store<Option<X::Key>>,
     {
         let policy = store.policy().clone();
-        if !self.limits.is_empty() || self.error.is_some() {
+        if !self.cfg.limits.is_empty() || self.cfg.error.is_some() {
             let mine = self.take_policy()?;
             if mine != policy {
                 return Err(ConfigError::Store(

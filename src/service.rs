@@ -15,9 +15,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::{
-    future::{Finished, Machine, Next},
+    future::{take_ready, Finished, Machine},
     key::KeyExtractor,
-    layer::{missing_key_refusal, Cost, MissingKey, Shared},
+    layer::{missing_key_refusal, Cost, Shared, Start},
     response::{RateLimitBody, ResponseHeaders},
     store::Store,
 };
@@ -117,44 +117,26 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let shared = &self.shared;
-        let key = match shared.key.extract(&req) {
-            Some(k) => Some(k),
-            None => match shared.missing {
-                MissingKey::Shared => None,
-                MissingKey::Allow => {
-                    return ResponseFuture {
-                        machine: Machine::calling(self.inner.call(req), None),
-                    }
+        let (key, cost, mut check) = match shared.start(&req) {
+            Start::Checked { key, cost, check } => (key, cost, check),
+            Start::Unlimited => {
+                return ResponseFuture {
+                    machine: Machine::calling(self.inner.call(req), None),
                 }
-                MissingKey::Reject(status) => {
-                    return ResponseFuture {
-                        machine: Machine::refused(missing_key_refusal(&shared.responder, status)),
-                    }
+            }
+            Start::Reject(status) => {
+                return ResponseFuture {
+                    machine: Machine::refused(missing_key_refusal(&shared.responder, status)),
                 }
-            },
+            }
         };
-        let cost = shared.cost.cost(&req);
-        let mut check = shared.store.check(&key, cost);
         let machine = match check.take_ready() {
             Some(result) => {
                 let (next, decision) = shared.next(&key, cost, result, refuse, allow);
                 if let (true, Some(d)) = (shared.expose, decision) {
                     req.extensions_mut().insert(d);
                 }
-                match next {
-                    Next::Refuse(response) => Machine::refused(response),
-                    Next::Proceed { wait, extra, .. } if wait.is_zero() => {
-                        Machine::calling(self.inner.call(req), Some(extra))
-                    }
-                    Next::Proceed {
-                        wait,
-                        extra,
-                        refund,
-                    } => {
-                        let svc = take_ready(&mut self.inner);
-                        Machine::waiting(svc, req, wait, extra, refund)
-                    }
-                }
+                Machine::from_next(next, &mut self.inner, req)
             }
             None => {
                 let shared = Arc::clone(shared);
@@ -170,12 +152,6 @@ where
         };
         ResponseFuture { machine }
     }
-}
-
-/// Moves the service that was driven to readiness into the future, leaving a clone.
-fn take_ready<S: Clone>(inner: &mut S) -> S {
-    let clone = inner.clone();
-    std::mem::replace(inner, clone)
 }
 
 fn refuse<X, St, C>(
