@@ -26,6 +26,25 @@ const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#qu
 /// `Retry-After` and the `RateLimit` fields when the closure did not set them.
 pub type Rejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
+/// "10" to "99" back to back: `Retry-After` values below 100 are slices of static text, so
+/// they cost no allocation.
+const TWO_DIGITS: &str = "101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
+/// A header value for a whole number of seconds; no allocation below 100.
+fn seconds_value(secs: u64) -> HeaderValue {
+    match secs {
+        0..=9 => {
+            let i = secs as usize;
+            HeaderValue::from_static(&"0123456789"[i..i + 1])
+        }
+        10..=99 => {
+            let i = (secs as usize - 10) * 2;
+            HeaderValue::from_static(&TWO_DIGITS[i..i + 2])
+        }
+        _ => HeaderValue::from(secs),
+    }
+}
+
 /// Whole seconds for `Retry-After` / `t`, rounded up: any wait above zero is at least 1.
 pub fn retry_after_secs(wait: Duration) -> u64 {
     let secs = wait.as_secs();
@@ -94,6 +113,38 @@ fn sf_string(s: &str, out: &mut Vec<u8>) {
         out.push(b);
     }
     out.push(b'"');
+}
+
+/// A small on-stack buffer for header values; spills to the heap only past 256 bytes
+/// (four limits with long names).
+#[derive(Default)]
+struct StackBuf {
+    len: usize,
+    stack: Option<[u8; 256]>,
+    heap: Vec<u8>,
+}
+
+impl StackBuf {
+    fn push(&mut self, bytes: &[u8]) {
+        let stack = self.stack.get_or_insert([0; 256]);
+        if self.heap.is_empty() && self.len + bytes.len() <= stack.len() {
+            stack[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&stack[..self.len]);
+            }
+            self.heap.extend_from_slice(bytes);
+        }
+        self.len += bytes.len();
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match (&self.stack, self.heap.is_empty()) {
+            (Some(stack), true) => &stack[..self.len],
+            (None, true) => &[],
+            (_, false) => &self.heap,
+        }
+    }
 }
 
 fn push_u64(out: &mut Vec<u8>, v: u64) {
@@ -211,20 +262,24 @@ impl Responder {
         }
     }
 
-    /// The `RateLimit` field value for a decision.
+    /// The `RateLimit` field value for a decision: formatted on the stack, then copied
+    /// once into the header value (one allocation of the exact size).
     pub(crate) fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
-        let mut v = Vec::with_capacity(32 * d.limits().len());
+        let mut buf = StackBuf::default();
         for (i, l) in d.limits().iter().enumerate() {
             if i > 0 {
-                v.extend_from_slice(b", ");
+                buf.push(b", ");
             }
-            v.extend_from_slice(&self.prefixes[i.min(self.prefixes.len() - 1)]);
-            push_u64(&mut v, l.remaining());
-            v.extend_from_slice(b";t=");
-            push_u64(&mut v, retry_after_secs(l.next_after()));
+            buf.push(&self.prefixes[i.min(self.prefixes.len() - 1)]);
+            buf.push(itoa::Buffer::new().format(l.remaining()).as_bytes());
+            buf.push(b";t=");
+            buf.push(
+                itoa::Buffer::new()
+                    .format(retry_after_secs(l.next_after()))
+                    .as_bytes(),
+            );
         }
-        HeaderValue::from_maybe_shared(Bytes::from(v))
-            .unwrap_or_else(|_| HeaderValue::from_static(""))
+        HeaderValue::from_bytes(buf.as_bytes()).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     /// Headers for a response to a request with this decision.
@@ -265,6 +320,8 @@ impl Responder {
                 };
                 let mut r = Response::new(body);
                 *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                // Room for every header of a refusal, allocated once.
+                r.headers_mut().reserve(8);
                 if self.problem {
                     r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 }
@@ -277,7 +334,7 @@ impl Responder {
         }
         if let Some(wait) = d.retry_after() {
             if !headers.contains_key(RETRY_AFTER) {
-                headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+                headers.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
             }
         }
         if !headers.contains_key(&RATELIMIT) {
@@ -305,6 +362,13 @@ impl Responder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_values_are_exact() {
+        for n in (0..=150).chain([1_000, u64::MAX]) {
+            assert_eq!(seconds_value(n).to_str().unwrap(), n.to_string());
+        }
+    }
 
     #[test]
     fn retry_after_rounds_up() {
