@@ -2,7 +2,7 @@
 //!
 //! [`RateLimitLayer`] (made by [`crate::RateLimitLayer::generic`]) limits a service of any
 //! request type. A refusal is an error, [`RateLimited`], boxed into
-//! [`BoxError`](crate::BoxError): downcast it to read the exact retry-after, so it composes
+//! [`BoxError`]; downcast it to read the exact retry-after. So it composes
 //! with `tower::timeout` and `tower::retry`. For a client calling a third-party API, a
 //! leaky-bucket queue makes calls wait for their slot instead of failing.
 //!
@@ -11,7 +11,7 @@
 //! use tollgate::{generic::RateLimited, key::key_fn, Quota, RateLimitLayer};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
-//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), tollgate::BoxError> {
 //! struct Job { tenant: u32 }
 //! let layer = RateLimitLayer::builder()
 //!     .key(key_fn(|job: &Job| Some(job.tenant)))

@@ -172,6 +172,10 @@ impl<X, St, C> Shared<X, St, C> {
     }
 }
 
+/// The store a layer builds for itself: in memory, keyed by the extracted key (`None` for
+/// keyless requests under [`MissingKey::Shared`]), on tokio's clock.
+pub type DefaultStore<K> = MemoryStore<Option<K>, TokioClock>;
+
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
 /// tower HTTP service. See the [crate docs](crate) for the guide.
 ///
@@ -180,7 +184,7 @@ impl<X, St, C> Shared<X, St, C> {
 /// independent limits.
 ///
 /// Type parameters: `X` the [`KeyExtractor`], `St` the [`Store`], `C` the [`Cost`].
-pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>, TokioClock>, C = UnitCost> {
+pub struct RateLimitLayer<X = Global, St = DefaultStore<()>, C = UnitCost> {
     pub(crate) shared: Arc<Shared<X, St, C>>,
 }
 
@@ -418,9 +422,7 @@ impl<X, C> Builder<X, C> {
 
     /// Builds the layer for HTTP requests with the in-memory store (following tokio's
     /// clock, so paused-time tests drive it).
-    pub fn build<K>(
-        self,
-    ) -> Result<RateLimitLayer<X, MemoryStore<Option<K>, TokioClock>, C>, ConfigError>
+    pub fn build<K>(self) -> Result<RateLimitLayer<X, DefaultStore<K>, C>, ConfigError>
     where
         X: KeyExtractor<Request<()>, Key = K>,
         K: std::hash::Hash + Eq + Send + Sync + 'static,
@@ -432,7 +434,7 @@ impl<X, C> Builder<X, C> {
     /// request type (a closure over `Request<axum::body::Body>`, or a non-HTTP request).
     pub fn build_for<Req>(
         mut self,
-    ) -> Result<RateLimitLayer<X, MemoryStore<Option<X::Key>, TokioClock>, C>, ConfigError>
+    ) -> Result<RateLimitLayer<X, DefaultStore<X::Key>, C>, ConfigError>
     where
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Send + Sync + 'static,
