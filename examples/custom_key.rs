@@ -104,9 +104,12 @@ async fn fetch(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> reqwes
     Ok(res.status().as_u16())
 }
 
+type Headers = &'static [(&'static str, &'static str)];
+const WEB: Headers = &[("x-org", "acme"), ("x-project", "web")];
+const API: Headers = &[("x-org", "acme"), ("x-project", "api")];
+
 async fn drive(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
-    let (web, api) = (("x-project", "web"), ("x-project", "api"));
-    let cases: [(&str, &[(&str, &str)], u16); 9] = [
+    let cases: [(&str, Headers, u16); 9] = [
         // acme: two searches (5 + 5) spend its 10 units; even a 1-unit call is then refused.
         ("/t/acme/search", &[], 200),
         ("/t/acme/search", &[], 200),
@@ -114,18 +117,15 @@ async fn drive(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
         // globex has a bucket of its own.
         ("/t/globex/search", &[], 200),
         // The header pair: (acme, web) and (acme, api) are two keys; half a pair is none.
-        ("/v2/search", &[("x-org", "acme"), web], 200),
-        ("/v2/search", &[("x-org", "acme"), web], 200),
-        ("/v2/items", &[("x-org", "acme"), web], 429),
-        ("/v2/search", &[("x-org", "acme"), api], 200),
+        ("/v2/search", WEB, 200),
+        ("/v2/search", WEB, 200),
+        ("/v2/items", WEB, 429),
+        ("/v2/search", API, 200),
         ("/v2/items", &[("x-org", "acme")], 400),
     ];
     for (path, headers, expected) in cases {
-        assert_eq!(
-            fetch(addr, path, headers).await?,
-            expected,
-            "{path} {headers:?}"
-        );
+        let status = fetch(addr, path, headers).await?;
+        assert_eq!(status, expected, "{path} {headers:?}");
     }
     println!("selftest ok");
     Ok(())
