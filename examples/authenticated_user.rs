@@ -16,7 +16,10 @@ use std::net::SocketAddr;
 
 use axum::{
     extract::Request,
-    http::{header::AUTHORIZATION, StatusCode},
+    http::{
+        header::{AUTHORIZATION, WWW_AUTHENTICATE},
+        HeaderValue, StatusCode,
+    },
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::get,
@@ -35,14 +38,25 @@ const TOKENS: [(&str, UserId); 2] = [
 
 /// Puts the token's `UserId` into the extensions; lets anonymous requests through without one.
 async fn auth(mut req: Request, next: Next) -> Response {
+    const CHALLENGE: HeaderValue = HeaderValue::from_static("Bearer");
     if let Some(value) = req.headers().get(AUTHORIZATION) {
         let token = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer "));
         match TOKENS.iter().find(|(t, _)| Some(*t) == token) {
             Some((_, user)) => req.extensions_mut().insert(user.clone()),
-            None => return (StatusCode::UNAUTHORIZED, "unknown token\n").into_response(),
+            None => {
+                let challenge = [(WWW_AUTHENTICATE, CHALLENGE)];
+                return (StatusCode::UNAUTHORIZED, challenge, "unknown token\n").into_response();
+            }
         };
     }
-    next.run(req).await
+    let mut res = next.run(req).await;
+    // A 401 must carry `WWW-Authenticate` (RFC 9110); the limiter's keyless refusal has none.
+    if res.status() == StatusCode::UNAUTHORIZED {
+        res.headers_mut()
+            .entry(WWW_AUTHENTICATE)
+            .or_insert(CHALLENGE);
+    }
+    res
 }
 
 async fn me(Extension(user): Extension<UserId>, Extension(d): Extension<Decision>) -> String {
@@ -84,41 +98,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// GETs `/me` with an optional bearer token; returns the status and the body.
-async fn me_as(addr: SocketAddr, token: Option<&str>) -> reqwest::Result<(u16, String)> {
+/// GETs `/me`; returns the status, whether there was a `WWW-Authenticate`, and the body.
+async fn me_as(addr: SocketAddr, token: Option<&str>) -> reqwest::Result<(u16, bool, String)> {
     let mut req = reqwest::Client::new().get(format!("http://{addr}/me"));
     if let Some(token) = token {
         req = req.header("authorization", format!("Bearer {token}"));
     }
     let res = req.send().await?;
     let status = res.status().as_u16();
+    let challenged = res.headers().contains_key("www-authenticate");
     let body = res.text().await?;
     let who = token.unwrap_or("(no token)");
     println!("  {who:<12} -> {status} {}", body.trim_end());
-    Ok((status, body))
+    Ok((status, challenged, body))
 }
 
 async fn drive(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
-    for left in (0..5).rev() {
-        let (status, body) = me_as(addr, Some("alice-token")).await?;
-        assert_eq!(status, 200);
-        assert!(
-            body.contains(&format!("hello alice, {left} requests left")),
-            "{body}"
-        );
+    let (a, b) = (Some("alice-token"), Some("bob-token"));
+    let mut seen = Vec::new();
+    for token in [a, a, a, a, a, a, b, None, Some("mallory")] {
+        seen.push(me_as(addr, token).await?);
     }
-    assert_eq!(
-        me_as(addr, Some("alice-token")).await?.0,
-        429,
-        "alice's 6th"
-    );
-    let (status, body) = me_as(addr, Some("bob-token")).await?;
-    assert!(
-        status == 200 && body.contains("bob, 4 requests left"),
-        "bob has his own"
-    );
-    assert_eq!(me_as(addr, None).await?.0, 401, "no token: no key");
-    assert_eq!(me_as(addr, Some("mallory")).await?.0, 401, "unknown token");
+    let statuses: Vec<u16> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 200, 401, 401]);
+    for (i, (_, _, body)) in seen[..5].iter().enumerate() {
+        let expected = format!("alice, {} requests left", 4 - i);
+        assert!(body.contains(&expected), "{body}");
+    }
+    assert!(seen[6].2.contains("bob, 4 requests left"), "bob's own");
+    assert!(seen[7].1 && seen[8].1, "401s carry a challenge");
     println!("selftest ok");
     Ok(())
 }
