@@ -37,7 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let api = RateLimitLayer::builder()
         .key(HeaderKey::new("x-api-key")?)
         .token_bucket(five.with_burst(5)?)
-        .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED))
+        // Requests without the header share one anonymous bucket (the default).
+        .on_missing_key(MissingKey::Shared)
         .build()?;
 
     let app = Router::new()

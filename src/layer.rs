@@ -85,7 +85,9 @@ pub enum MissingKey {
     /// `ConnectInfo` is limited as a whole, which shows at once instead of passing silently.
     #[default]
     Shared,
-    /// Refuse keyless requests with this status (e.g. `401`, `400`) and a problem body.
+    /// Refuse keyless requests with this status (e.g. `400`) and a problem body. A `401`
+    /// must carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
+    /// scheme (see the `authenticated_user` example).
     Reject(StatusCode),
     /// Let keyless requests through unlimited.
     Allow,
