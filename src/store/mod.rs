@@ -16,7 +16,10 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+mod key_bytes;
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::{
     fmt,
@@ -25,6 +28,12 @@ use std::{
     task::{Context, Poll},
 };
 
+#[cfg(feature = "redis")]
+pub use self::redis::{
+    BreakerState, FailurePolicy, LocalFirstStore, RedisConnection, RedisStore, RedisStoreBuilder,
+    SyncTask,
+};
+pub use key_bytes::KeyBytes;
 pub use memory::{MemoryStats, MemoryStore};
 
 use crate::{decision::Decision, error::StoreError, Policy};
@@ -93,7 +102,9 @@ impl fmt::Debug for CheckFuture {
             CheckInner::Ready(_) => "ready",
             CheckInner::Boxed(_) => "pending",
         };
-        f.debug_struct("CheckFuture").field("state", &state).finish()
+        f.debug_struct("CheckFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -102,10 +113,11 @@ impl Future for CheckFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().inner {
-            CheckInner::Ready(r) => Poll::Ready(
-                r.take()
-                    .unwrap_or_else(|| Err(StoreError::Backend("CheckFuture polled after completion".into()))),
-            ),
+            CheckInner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
+                Err(StoreError::Backend(
+                    "CheckFuture polled after completion".into(),
+                ))
+            })),
             CheckInner::Boxed(f) => f.as_mut().poll(cx),
         }
     }
