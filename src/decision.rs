@@ -174,7 +174,13 @@ impl Decision {
 
     /// Time until every limit is fully restored.
     pub fn reset_after(&self) -> Duration {
-        Duration::from_nanos(self.limits().iter().map(|l| l.reset_after).max().unwrap_or(0))
+        Duration::from_nanos(
+            self.limits()
+                .iter()
+                .map(|l| l.reset_after)
+                .max()
+                .unwrap_or(0),
+        )
     }
 
     /// The limits that refused the request (empty when allowed).

@@ -163,20 +163,18 @@ impl Quota {
     /// A short human name such as `100-per-1s` or `10000-per-1d`, used as the default
     /// policy name in `RateLimit` headers.
     pub fn default_name(&self) -> String {
+        const UNITS: [(u64, &str); 5] = [
+            (86_400 * NANOS_PER_SEC, "d"),
+            (3600 * NANOS_PER_SEC, "h"),
+            (60 * NANOS_PER_SEC, "m"),
+            (NANOS_PER_SEC, "s"),
+            (1_000_000, "ms"),
+        ];
         let p = self.period;
-        let unit = if p % (86_400 * NANOS_PER_SEC) == 0 {
-            format!("{}d", p / (86_400 * NANOS_PER_SEC))
-        } else if p % (3600 * NANOS_PER_SEC) == 0 {
-            format!("{}h", p / (3600 * NANOS_PER_SEC))
-        } else if p % (60 * NANOS_PER_SEC) == 0 {
-            format!("{}m", p / (60 * NANOS_PER_SEC))
-        } else if p % NANOS_PER_SEC == 0 {
-            format!("{}s", p / NANOS_PER_SEC)
-        } else if p % 1_000_000 == 0 {
-            format!("{}ms", p / 1_000_000)
-        } else {
-            format!("{p}ns")
-        };
+        let unit = UNITS
+            .iter()
+            .find(|(n, _)| p.is_multiple_of(*n))
+            .map_or_else(|| format!("{p}ns"), |(n, u)| format!("{}{u}", p / n));
         format!("{}-per-{}", self.limit, unit)
     }
 }
@@ -190,9 +188,18 @@ mod tests {
         let q = Quota::per_second(100).unwrap();
         assert_eq!(q.emission_interval(), Duration::from_millis(10));
         assert_eq!(q.burst(), 100);
-        assert_eq!(Quota::per_minute(60).unwrap().emission_interval(), Duration::from_secs(1));
-        assert_eq!(Quota::per_hour(1).unwrap().emission_interval(), Duration::from_secs(3600));
-        assert_eq!(Quota::per_day(10_000).unwrap().default_name(), "10000-per-1d");
+        assert_eq!(
+            Quota::per_minute(60).unwrap().emission_interval(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            Quota::per_hour(1).unwrap().emission_interval(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            Quota::per_day(10_000).unwrap().default_name(),
+            "10000-per-1d"
+        );
         assert_eq!(Quota::every(Duration::from_millis(250)).unwrap().limit(), 1);
     }
 

@@ -160,7 +160,7 @@ proptest! {
         window_ms in 1u64..5_000,
     ) {
         let quota = Quota::new(limit, Duration::from_millis(period_ms)).unwrap().with_burst(burst).unwrap();
-        let t = quota.emission_interval().as_nanos() as u128;
+        let t = quota.emission_interval().as_nanos();
         let policy = Policy::new(Limit::token_bucket(quota).unwrap());
         let mut state = [0u64];
         let mut admitted: Vec<(u64, u64)> = Vec::new();
@@ -267,10 +267,14 @@ proptest! {
 /// B + 1.
 #[test]
 fn long_idle_admits_exactly_burst() {
-    let policy = Policy::new(Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap());
+    let policy = Policy::new(
+        Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
+    );
     let mut s = [0u64];
     let now = 3_600_000_000_000; // one hour
-    let admitted = (0..10).filter(|_| policy.decide(&mut s, now, 1).is_allowed()).count();
+    let admitted = (0..10)
+        .filter(|_| policy.decide(&mut s, now, 1).is_allowed())
+        .count();
     assert_eq!(admitted, 5);
 }
 
@@ -280,7 +284,12 @@ fn cost_above_burst_exceeds() {
     let policy = Policy::new(Limit::token_bucket(Quota::per_second(10).unwrap()).unwrap());
     let mut s = [0u64];
     assert_eq!(policy.decide(&mut s, 0, 11).outcome(), Outcome::Exceeds);
-    assert_eq!(policy.decide(&mut s, 0, 10).outcome(), Outcome::Allowed { wait: Duration::ZERO });
+    assert_eq!(
+        policy.decide(&mut s, 0, 10).outcome(),
+        Outcome::Allowed {
+            wait: Duration::ZERO
+        }
+    );
     assert_eq!(policy.max_cost(), 10);
 }
 
@@ -299,7 +308,8 @@ fn peek_does_not_consume() {
 /// A refusal by the daily quota does not consume the per-second one.
 #[test]
 fn daily_refusal_does_not_consume_per_second() {
-    let per_second = Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(20).unwrap()).unwrap();
+    let per_second =
+        Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(20).unwrap()).unwrap();
     let daily = Limit::token_bucket(Quota::per_day(30).unwrap().with_burst(30).unwrap()).unwrap();
     let policy = Policy::new(per_second).and(daily).unwrap();
     let mut s = [0u64; 2];

@@ -25,7 +25,12 @@ impl Gcra {
     /// Evaluates a request. Returns the outcome, the new TAT to store when admitted, and
     /// the report.
     #[inline]
-    pub(crate) fn eval(&self, tat: u64, now: u64, cost: u64) -> (Outcome, Option<u64>, LimitReport) {
+    pub(crate) fn eval(
+        &self,
+        tat: u64,
+        now: u64,
+        cost: u64,
+    ) -> (Outcome, Option<u64>, LimitReport) {
         let base = tat.max(now);
         let inc = match cost.checked_mul(self.t) {
             Some(inc) if inc <= self.cap => inc,

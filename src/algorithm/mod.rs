@@ -159,7 +159,10 @@ impl Limit {
                 }
                 let queue_room = u64::from(queue)
                     .checked_mul(t)
-                    .filter(|r| r.checked_add(t).is_some_and(|h| h <= crate::quota::MAX_HORIZON))
+                    .filter(|r| {
+                        r.checked_add(t)
+                            .is_some_and(|h| h <= crate::quota::MAX_HORIZON)
+                    })
                     .ok_or(ConfigError::Overflow("queue * emission interval"))?;
                 Params::Gcra(Gcra {
                     t,
@@ -205,7 +208,11 @@ impl Limit {
     }
 
     /// Leaky-bucket queue of `queue` units whose first `nodelay` are served at once.
-    pub fn leaky_queue_nodelay(quota: Quota, queue: u32, nodelay: u32) -> Result<Self, ConfigError> {
+    pub fn leaky_queue_nodelay(
+        quota: Quota,
+        queue: u32,
+        nodelay: u32,
+    ) -> Result<Self, ConfigError> {
         Self::new(quota, Algorithm::LeakyQueue { queue, nodelay })
     }
 
@@ -254,7 +261,12 @@ impl Limit {
 
     /// Evaluates without writing: outcome, the new state when admitted, report.
     #[inline]
-    pub(crate) fn eval(&self, s: &[u64], now: u64, cost: u64) -> (Outcome, Option<[u64; 3]>, LimitReport) {
+    pub(crate) fn eval(
+        &self,
+        s: &[u64],
+        now: u64,
+        cost: u64,
+    ) -> (Outcome, Option<[u64; 3]>, LimitReport) {
         match &self.params {
             Params::Gcra(g) => {
                 let (o, n, r) = g.eval(s[0], now, cost);
@@ -354,7 +366,12 @@ impl Policy {
 
     /// Evaluates every limit without writing. Returns the decision and, when admitted,
     /// the new state.
-    pub(crate) fn eval(&self, state: &[u64], now: u64, cost: u64) -> (Decision, Option<[u64; MAX_WORDS]>) {
+    pub(crate) fn eval(
+        &self,
+        state: &[u64],
+        now: u64,
+        cost: u64,
+    ) -> (Decision, Option<[u64; MAX_WORDS]>) {
         debug_assert!(state.len() >= self.words);
         let mut reports = [LimitReport::default(); MAX_LIMITS];
         let mut next = [0u64; MAX_WORDS];

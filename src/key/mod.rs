@@ -6,6 +6,53 @@
 //! request type, so the same trait serves HTTP requests (`http::Request<B>`) and any other
 //! `tower::Service` request.
 //!
+//! # Built-in extractors
+//!
+//! | extractor | key | what it reads |
+//! |---|---|---|
+//! | [`PeerIp`] | [`IpAddr`](std::net::IpAddr) | the TCP peer's address; IPv6 grouped by /56 |
+//! | [`ClientIp`] | [`IpAddr`](std::net::IpAddr) | the client behind trusted proxies (`X-Forwarded-For` or `Forwarded`) |
+//! | [`HeaderKey`] | [`HeaderValue`](http::HeaderValue) | a header such as `x-api-key`, length-capped |
+//! | [`ExtensionKey`] / [`ExtensionMap`] | `T` / `K` | a value an auth layer put in the extensions |
+//! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, **signature not checked** |
+//! | `MatchedRoute` (feature `axum`) | `String` | the matched axum route pattern |
+//! | [`MethodKey`] | [`Method`](http::Method) | the request method |
+//! | [`Global`] | `()` | nothing: one limit for everyone |
+//! | [`KeyFn`] ([`key_fn`]) | any | your closure |
+//!
+//! Combine them: a tuple of up to four extractors is an extractor whose key is the tuple
+//! of keys (`None` if any part is `None`), e.g. `(ClientIp, MatchedRoute)` for a limit per
+//! client per endpoint; [`KeyExtractorExt::or`] falls back to a second extractor with the
+//! same key type ([`Or`]).
+//!
+//! # Client addresses
+//!
+//! Behind a reverse proxy, the TCP peer is the proxy. [`ClientIp`] reads the forwarding
+//! header, but only the entries your trusted proxies appended: it walks the header from
+//! the right and stops at the first address that is not a trusted proxy. The leftmost
+//! `X-Forwarded-For` entry is whatever the client wrote and is never trusted as such.
+//!
+//! ```
+//! use std::net::{IpAddr, SocketAddr};
+//! use tollgate::key::{ClientIp, KeyExtractor};
+//!
+//! let client_ip = ClientIp::trusting(["10.0.0.0/8"])?;
+//!
+//! // The load balancer (10.0.0.2) connected to us; the client wrote a fake first entry.
+//! let mut req = http::Request::builder()
+//!     .header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.7")
+//!     .body(())?;
+//! req.extensions_mut().insert("10.0.0.2:50000".parse::<SocketAddr>()?);
+//! assert_eq!(client_ip.extract(&req), Some("203.0.113.9".parse::<IpAddr>()?));
+//!
+//! // A client connecting directly cannot choose its key with the header.
+//! req.extensions_mut().insert("198.51.100.4:50000".parse::<SocketAddr>()?);
+//! assert_eq!(client_ip.extract(&req), Some("198.51.100.4".parse::<IpAddr>()?));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Custom extractors
+//!
 //! ```
 //! use tollgate::key::{key_fn, KeyExtractor};
 //!
@@ -14,6 +61,29 @@
 //! let by_tenant = key_fn(|job: &Job| Some(job.tenant));
 //! assert_eq!(by_tenant.extract(&Job { tenant: 7 }), Some(7));
 //! ```
+
+mod cidr;
+mod client_ip;
+mod composite;
+mod extension;
+mod forwarded;
+mod header;
+mod peer_ip;
+mod route;
+
+#[cfg(feature = "jwt")]
+mod claim;
+
+#[cfg(feature = "jwt")]
+pub use self::claim::BearerClaim;
+pub use self::client_ip::{ClientIp, ForwardedHeader};
+pub use self::composite::{KeyExtractorExt, Or};
+pub use self::extension::{ExtensionKey, ExtensionMap};
+pub use self::header::HeaderKey;
+pub use self::peer_ip::PeerIp;
+#[cfg(feature = "axum")]
+pub use self::route::MatchedRoute;
+pub use self::route::{Global, MethodKey};
 
 use std::fmt;
 

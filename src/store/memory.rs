@@ -92,7 +92,12 @@ fn default_shards() -> usize {
 impl<K: Hash + Eq + Send + Sync + 'static> MemoryStore<K, MonotonicClock> {
     /// A store for `policy` with the monotonic clock and the default key cap.
     pub fn new(policy: impl Into<Policy>) -> Self {
-        Self::build(policy.into(), MonotonicClock::new(), DEFAULT_MAX_KEYS, default_shards())
+        Self::build(
+            policy.into(),
+            MonotonicClock::new(),
+            DEFAULT_MAX_KEYS,
+            default_shards(),
+        )
     }
 }
 
@@ -130,7 +135,12 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             return Err(ConfigError::Store("max_keys must be at least 1".into()));
         }
         let shards = self.shards.len().max(default_shards());
-        Ok(MemoryStore::build(self.policy, self.clock, max_keys, shards))
+        Ok(MemoryStore::build(
+            self.policy,
+            self.clock,
+            max_keys,
+            shards,
+        ))
     }
 
     /// Uses another clock (a [`crate::clock::ManualClock`] in tests, a
@@ -204,7 +214,9 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             let words = next[..self.policy.state_words()].into();
             inner
                 .many
-                .insert_unique(hash, (key.clone(), Mutex::new(words)), |e| hasher.hash_one(&e.0));
+                .insert_unique(hash, (key.clone(), Mutex::new(words)), |e| {
+                    hasher.hash_one(&e.0)
+                });
         }
         decision
     }
@@ -212,7 +224,11 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// [`MemoryStore::peek`] at an explicit time.
     pub fn peek_at(&self, key: &K, cost: u64, now: u64) -> Decision {
         let hash = self.hasher.hash_one(key);
-        let inner = self.shard(hash).inner.read().unwrap_or_else(PoisonError::into_inner);
+        let inner = self
+            .shard(hash)
+            .inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         if self.gcra.is_some() {
             let tat = inner
                 .one
@@ -230,12 +246,16 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// Gives back `cost` units charged to `key` (a dropped queued request).
     pub fn refund_at(&self, key: &K, cost: u64, now: u64) {
         let hash = self.hasher.hash_one(key);
-        let inner = self.shard(hash).inner.read().unwrap_or_else(PoisonError::into_inner);
+        let inner = self
+            .shard(hash)
+            .inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(g) = &self.gcra {
             if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
-                let _ = e
-                    .1
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(g.refund(t, cost)));
+                let _ = e.1.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                    Some(g.refund(t, cost))
+                });
             }
         } else if let Some(e) = inner.many.find(hash, |e| e.0 == *key) {
             let mut s = e.1.lock().unwrap_or_else(PoisonError::into_inner);
@@ -362,9 +382,12 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             .one
             .iter_mut()
             .map(|e| residual_one(*e.1.get_mut()))
-            .chain(inner.many.iter_mut().map(|e| {
-                residual_many(e.1.get_mut().unwrap_or_else(PoisonError::into_inner))
-            }))
+            .chain(
+                inner
+                    .many
+                    .iter_mut()
+                    .map(|e| residual_many(e.1.get_mut().unwrap_or_else(PoisonError::into_inner))),
+            )
             .collect();
         let (_, &mut threshold, _) = residuals.select_nth_unstable(target - 1);
         let mut left = target;
@@ -377,9 +400,11 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             }
         };
         inner.one.retain(|e| keep(residual_one(*e.1.get_mut())));
-        inner
-            .many
-            .retain(|e| keep(residual_many(e.1.get_mut().unwrap_or_else(PoisonError::into_inner))));
+        inner.many.retain(|e| {
+            keep(residual_many(
+                e.1.get_mut().unwrap_or_else(PoisonError::into_inner),
+            ))
+        });
         self.evicted_with_state
             .fetch_add((target - left) as u64, Ordering::Relaxed);
     }
