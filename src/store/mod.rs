@@ -19,7 +19,7 @@
 mod key_bytes;
 mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub mod redis;
 
 use std::{
     fmt,
