@@ -46,8 +46,8 @@ struct Scenario {
     recover: Action,
     /// Whether the breaker must have opened.
     expect_open: bool,
-    /// Whether failure decisions must occur (`Some(true)`), must not (`Some(false)`), or
-    /// may (`None`).
+    /// Whether failure decisions must occur (`Some(true)`), must not beyond stray
+    /// deadline misses (`Some(false)`), or may (`None`).
     expect_failures: Option<bool>,
 }
 
@@ -172,7 +172,13 @@ async fn run(s: Scenario) {
         .count();
     match s.expect_failures {
         Some(true) => assert!(failures > 0, "{}: the fault went unnoticed", s.name),
-        Some(false) => assert_eq!(failures, 0, "{}: failures where none were expected", s.name),
+        // Nothing fails because of the fault itself; a call may still miss its 20 ms
+        // deadline on a loaded machine (and is then answered by the failure policy).
+        Some(false) => assert!(
+            failures * 100 <= records.len(),
+            "{}: {failures} failures where none were expected",
+            s.name
+        ),
         None => {}
     }
     if s.expect_open {
