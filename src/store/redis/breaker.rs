@@ -1,7 +1,10 @@
 //! The circuit breaker in front of the Redis store.
 
 use std::{
-    sync::{Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -33,6 +36,9 @@ pub(super) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     inner: Mutex<Inner>,
+    /// `state == Closed && failures == 0`, republished under the lock after every change:
+    /// the healthy steady state takes no lock at all.
+    clean: AtomicBool,
 }
 
 /// Permission to call the store.
@@ -53,7 +59,15 @@ impl Breaker {
                 opened_at: Instant::now(),
                 probe_in_flight: false,
             }),
+            clean: AtomicBool::new(true),
         }
+    }
+
+    fn publish(&self, i: &Inner) {
+        self.clean.store(
+            i.state == BreakerState::Closed && i.failures == 0,
+            Ordering::Release,
+        );
     }
 
     pub(super) fn state(&self) -> BreakerState {
@@ -67,6 +81,9 @@ impl Breaker {
 
     /// Whether a call may go out now; `None` while open (or while a probe is out).
     pub(super) fn permit(&self) -> Option<Permit> {
+        if self.clean.load(Ordering::Acquire) {
+            return Some(Permit::Call);
+        }
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match i.state {
             BreakerState::Closed => Some(Permit::Call),
@@ -86,6 +103,9 @@ impl Breaker {
     }
 
     pub(super) fn success(&self, permit: Permit) {
+        if permit == Permit::Call && self.clean.load(Ordering::Acquire) {
+            return; // nothing to reset
+        }
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         i.failures = 0;
         if permit == Permit::Probe {
@@ -93,6 +113,7 @@ impl Breaker {
             i.state = BreakerState::Closed;
             tracing::info!(target: "tollgate::redis", "circuit breaker closed: Redis answers again");
         }
+        self.publish(&i);
     }
 
     /// A permitted call that never finished (its future was dropped).
@@ -107,6 +128,7 @@ impl Breaker {
 
     pub(super) fn failure(&self, permit: Permit, what: &dyn std::fmt::Display) {
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        self.clean.store(false, Ordering::Release);
         if permit == Permit::Probe {
             i.probe_in_flight = false;
             i.state = BreakerState::Open;

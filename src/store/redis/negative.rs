@@ -2,7 +2,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, PoisonError,
+    },
     time::{Duration, Instant},
 };
 
@@ -32,6 +35,8 @@ struct Map {
 pub(super) struct NegativeCache {
     max: usize,
     map: Mutex<Map>,
+    /// Entries held, updated under the lock: an empty cache is skipped without locking.
+    len: AtomicUsize,
 }
 
 impl NegativeCache {
@@ -42,16 +47,21 @@ impl NegativeCache {
                 entries: HashMap::new(),
                 sweep_at: MIN_SWEEP.min(max),
             }),
+            len: AtomicUsize::new(0),
         }
     }
 
     /// The remembered refusal of `key` for `cost`, with its times brought up to now.
     pub(super) fn lookup(&self, key: &[u8], cost: u64) -> Option<Decision> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         let e = m.entries.get(key)?;
         let now = Instant::now();
         if now >= e.until {
             m.entries.remove(key);
+            self.len.store(m.entries.len(), Ordering::Release);
             return None;
         }
         if cost < e.cost {
@@ -105,13 +115,15 @@ impl NegativeCache {
                 decision,
             },
         );
+        self.len.store(m.entries.len(), Ordering::Release);
     }
 
     pub(super) fn remove(&self, key: &[u8]) {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entries
-            .remove(key);
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entries.remove(key);
+        self.len.store(m.entries.len(), Ordering::Release);
     }
 }

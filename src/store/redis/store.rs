@@ -273,7 +273,7 @@ impl Shared {
     async fn decide(&self, key: Vec<u8>, mode: Mode, cost: u64) -> Result<Decision, StoreError> {
         let sent = Instant::now();
         let result = match self.guarded_call(&key, mode, cost).await {
-            Ok(reply) => script::decode_decision(&reply, &self.policy).map(|(d, _)| d),
+            Ok(reply) => script::decode_decision(&reply, &self.policy, cost).map(|(d, _)| d),
             Err(e) => Err(e),
         };
         match result {
@@ -415,7 +415,7 @@ impl RedisStore {
         let k = self.redis_key(key);
         let inv = script::invocation(&k, mode, cost, Some(now_ns), &self.inner.limits);
         let reply = self.inner.conn.invoke(&inv).await?;
-        script::decode_decision(&reply, &self.inner.policy).map(|(d, _)| d)
+        script::decode_decision(&reply, &self.inner.policy, cost).map(|(d, _)| d)
     }
 
     fn call(&self, key: Vec<u8>, mode: Mode, cost: u64) -> CheckFuture {

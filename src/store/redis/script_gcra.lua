@@ -1,0 +1,55 @@
+-- tollgate: the fast path for a policy of one GCRA-based limit (token bucket, leaky meter,
+-- leaky queue), check and peek only. Same stored format as script.lua ("write_us fill_ns"),
+-- so refunds and syncs through the general script see the same state.
+--
+-- KEYS[1]  the client's state
+-- ARGV[1]  mode: 0 check, 1 peek
+-- ARGV[2]  cost in units
+-- ARGV[3]  now in microseconds, or '' for the server's TIME (the override is for tests)
+-- ARGV[4]  extra TTL in milliseconds (0 except with the test override)
+-- ARGV[5]  emission interval T (ns)
+-- ARGV[6]  cap: largest admissible TAT - now (ns)
+--
+-- Reply: code (0 allowed, 1 denied, 2 exceeds), the fill before the request (ns: TAT - now,
+-- >= 0), now (us). The client rebuilds the full decision from these with the same function
+-- as the in-memory store.
+
+local now
+if ARGV[3] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[3])
+end
+
+local fill = 0
+local raw = redis.call('GET', KEYS[1])
+if raw then
+  local sp = string.find(raw, ' ', 1, true)
+  local at = tonumber(string.sub(raw, 1, sp - 1))
+  local f = tonumber(string.sub(raw, sp + 1))
+  if at <= now then
+    local d = (now - at) * 1000
+    if d < f then fill = f - d end
+  else
+    fill = f + (at - now) * 1000
+  end
+end
+
+local inc = tonumber(ARGV[2]) * tonumber(ARGV[5])
+local cap = tonumber(ARGV[6])
+if inc > cap then return { 2, fill, now } end
+local diff = fill + inc
+if diff > cap then return { 1, fill, now } end
+if ARGV[1] == '0' then
+  if diff == 0 then
+    redis.call('DEL', KEYS[1])
+  else
+    -- TTL: whole milliseconds rounded up (exact integer division), plus the override slack.
+    local n = diff + 999999
+    local ms = math.floor(n / 1000000)
+    if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', ms + tonumber(ARGV[4]))
+  end
+end
+return { 0, fill, now }
