@@ -1,5 +1,6 @@
 //! tollgate: rate-limiting middleware for tower and axum.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![forbid(unsafe_code)]
 
 pub mod algorithm;
 pub mod clock;
