@@ -8,8 +8,9 @@
 //!   `governor` side by side.
 //! - `TOLLGATE_RATIOS=<filter> cargo bench --bench core`: the interleaved ratio table used
 //!   in `BENCHMARKS.md`. Every round times one batch of each contender, alternating which
-//!   goes first, so both see the same machine noise; a row reports both medians, the
-//!   ratio of the medians and the spread (25th..75th percentile) of the per-round ratios.
+//!   goes first, so both see the same machine noise; a row reports both medians (ns per
+//!   request), the median of the per-round ratios (tollgate / governor) and their spread
+//!   (25th..75th percentile), and the ratio of the two fastest rounds (the least disturbed).
 //!   `<filter>` is a substring of the row names (empty: every row).
 //!
 //! Workloads:
@@ -19,8 +20,14 @@
 //! - `allow`: a quota so generous that every request is admitted (and charged).
 //!   `deny`: a quota exhausted during setup (one request per hour), every request refused.
 //! - `2thr`: two threads; `hot` is both on one key (contended compare-and-swap), `spread`
-//!   is each thread on its own half of the 1 M keys. The figure is the wall time per
-//!   request *per thread*.
+//!   is each thread on its own half of the 1 M keys. The figure is the CPU time per request
+//!   per thread (the mean of the two threads).
+//!
+//! Every batch is timed with the thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so time
+//! spent descheduled by other jobs on a shared machine does not count.
+//!
+//! - `refusal/*`: a refusal against an admission of the same limiter (the `deny` and
+//!   `allow` workloads above), interleaved the same way.
 //!
 //! The tollgate side keeps the whole [`tollgate::Decision`] alive (`black_box`), so the
 //! reports it carries (remaining, reset, next unit) are computed: governor's allow path
@@ -38,6 +45,13 @@ use criterion::{criterion_group, Criterion};
 use governor::{clock::Clock as _, DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
 use tollgate::{clock::Clock as _, Limit, MemoryStore, Quota};
 
+/// This thread's CPU time. Batches are timed with it, not with the wall clock: on a
+/// machine shared with other jobs, the time a batch spends descheduled is not its cost.
+fn cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// Keys in the large workloads.
 const KEYS: u32 = 1_000_000;
 /// Coprime with `KEYS`: `k -> k + STRIDE mod KEYS` visits every key once per lap.
@@ -54,6 +68,8 @@ type Batch = Box<dyn FnMut(u64) -> Duration>;
 
 struct Case {
     name: &'static str,
+    /// What the two columns are; `tollgate` / `governor` except for the self-comparisons.
+    labels: (&'static str, &'static str),
     tollgate: Batch,
     governor: Batch,
 }
@@ -100,7 +116,7 @@ fn governor_limiter(mode: Mode, keys: u32) -> Arc<DefaultKeyedRateLimiter<u32>> 
 /// `n` requests from one thread, keys `0..keys` in stride order starting at `*k`.
 #[inline(always)]
 fn run<F: FnMut(&u32)>(n: u64, keys: u32, k: &mut u32, mut check: F) -> Duration {
-    let start = Instant::now();
+    let start = cpu();
     for _ in 0..n {
         check(black_box(k));
         if keys > 1 {
@@ -110,28 +126,49 @@ fn run<F: FnMut(&u32)>(n: u64, keys: u32, k: &mut u32, mut check: F) -> Duration
             }
         }
     }
-    start.elapsed()
+    cpu() - start
+}
+
+fn tollgate_single(mode: Mode, keys: u32) -> Batch {
+    let store = tollgate_store(mode, keys);
+    let mut k = 0;
+    Box::new(move |n| {
+        run(n, keys, &mut k, |k| {
+            black_box(store.check(k, 1));
+        })
+    })
+}
+
+fn governor_single(mode: Mode, keys: u32) -> Batch {
+    let limiter = governor_limiter(mode, keys);
+    let mut k = 0;
+    Box::new(move |n| {
+        run(n, keys, &mut k, |k| {
+            let _ = black_box(limiter.check_key(k));
+        })
+    })
+}
+
+/// A refusal against an admission, for one limiter.
+fn refusal(governor: bool, keys: u32) -> (Batch, Batch) {
+    if governor {
+        (
+            governor_single(Mode::Deny, keys),
+            governor_single(Mode::Allow, keys),
+        )
+    } else {
+        (
+            tollgate_single(Mode::Deny, keys),
+            tollgate_single(Mode::Allow, keys),
+        )
+    }
 }
 
 fn single(mode: Mode, keys: u32) -> (Batch, Batch) {
-    let store = tollgate_store(mode, keys);
-    let limiter = governor_limiter(mode, keys);
-    let (mut kt, mut kg) = (0, 0);
-    (
-        Box::new(move |n| {
-            run(n, keys, &mut kt, |k| {
-                black_box(store.check(k, 1));
-            })
-        }),
-        Box::new(move |n| {
-            run(n, keys, &mut kg, |k| {
-                let _ = black_box(limiter.check_key(k));
-            })
-        }),
-    )
+    (tollgate_single(mode, keys), governor_single(mode, keys))
 }
 
-/// Two threads of `n` requests each; the wall time from the common start to the last end.
+/// Two threads of `n` requests each, started together; the mean of their CPU times.
 fn two_threads<S, F>(shared: &Arc<S>, n: u64, keys: u32, check: F) -> Duration
 where
     S: Send + Sync + 'static,
@@ -147,21 +184,22 @@ where
                 let half = keys / 2;
                 let mut k = if keys > 1 { t * half } else { 0 };
                 barrier.wait();
-                let start = Instant::now();
+                let start = cpu();
                 for i in 0..n {
                     check(&shared, black_box(&k));
                     if keys > 1 {
                         k = t * half + ((i as u32).wrapping_mul(STRIDE) % half);
                     }
                 }
-                (start, Instant::now())
+                cpu() - start
             })
         })
         .collect();
-    let spans: Vec<(Instant, Instant)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    let start = spans.iter().map(|s| s.0).min().unwrap();
-    let end = spans.iter().map(|s| s.1).max().unwrap();
-    end - start
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .sum::<Duration>()
+        / 2
 }
 
 fn threaded(mode: Mode, keys: u32) -> (Batch, Batch) {
@@ -187,18 +225,41 @@ fn clocks() -> (Batch, Batch) {
     let theirs = governor::clock::DefaultClock::default();
     (
         Box::new(move |n| {
-            let start = Instant::now();
+            let start = cpu();
             for _ in 0..n {
                 black_box(ours.now());
             }
-            start.elapsed()
+            cpu() - start
         }),
         Box::new(move |n| {
-            let start = Instant::now();
+            let start = cpu();
             for _ in 0..n {
                 black_box(theirs.now());
             }
-            start.elapsed()
+            cpu() - start
+        }),
+    )
+}
+
+/// `std::time::Instant::elapsed` (tollgate's clock before it moved to the TSC) against
+/// governor's default clock.
+fn std_clock() -> (Batch, Batch) {
+    let ours = Instant::now();
+    let theirs = governor::clock::DefaultClock::default();
+    (
+        Box::new(move |n| {
+            let start = cpu();
+            for _ in 0..n {
+                black_box(ours.elapsed().as_nanos() as u64);
+            }
+            cpu() - start
+        }),
+        Box::new(move |n| {
+            let start = cpu();
+            for _ in 0..n {
+                black_box(theirs.now());
+            }
+            cpu() - start
         }),
     )
 }
@@ -213,27 +274,32 @@ fn hashes() -> (Batch, Batch) {
     let mut b = 0u32;
     (
         Box::new(move |n| {
-            let start = Instant::now();
+            let start = cpu();
             for _ in 0..n {
                 a = a.wrapping_add(STRIDE);
                 black_box(ours.hash_one(black_box(Ipv4Addr::from(a))));
             }
-            start.elapsed()
+            cpu() - start
         }),
         Box::new(move |n| {
-            let start = Instant::now();
+            let start = cpu();
             for _ in 0..n {
                 b = b.wrapping_add(STRIDE);
                 black_box(theirs.hash_one(black_box(Ipv4Addr::from(b))));
             }
-            start.elapsed()
+            cpu() - start
         }),
     )
 }
 
+type MakeCase = fn() -> (Batch, Batch);
+
+const PEERS: (&str, &str) = ("tollgate", "governor");
+const DENY_ALLOW: (&str, &str) = ("deny", "allow");
+
 /// Every case, built lazily (the 1 M-key ones take a second each to fill).
-fn cases() -> Vec<(&'static str, fn() -> (Batch, Batch))> {
-    vec![
+fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
+    let peers: [(&'static str, MakeCase); 10] = [
         ("check/1key/allow", || single(Mode::Allow, 1)),
         ("check/1key/deny", || single(Mode::Deny, 1)),
         ("check/1M/allow", || single(Mode::Allow, KEYS)),
@@ -242,18 +308,32 @@ fn cases() -> Vec<(&'static str, fn() -> (Batch, Batch))> {
         ("2thr/hot/deny", || threaded(Mode::Deny, 1)),
         ("2thr/spread/allow", || threaded(Mode::Allow, KEYS)),
         ("clock/now", clocks),
+        ("clock/std-instant", std_clock),
         ("hash/ipv4", hashes),
-    ]
+    ];
+    let refusals: [(&'static str, MakeCase); 4] = [
+        ("refusal/tollgate/1key", || refusal(false, 1)),
+        ("refusal/tollgate/1M", || refusal(false, KEYS)),
+        ("refusal/governor/1key", || refusal(true, 1)),
+        ("refusal/governor/1M", || refusal(true, KEYS)),
+    ];
+    let tag = |labels| move |(name, make)| (name, labels, make);
+    peers
+        .into_iter()
+        .map(tag(PEERS))
+        .chain(refusals.into_iter().map(tag(DENY_ALLOW)))
+        .collect()
 }
 
 fn build(filter: &str) -> impl Iterator<Item = Case> + '_ {
     cases()
         .into_iter()
-        .filter(move |(name, _)| name.contains(filter))
-        .map(|(name, make)| {
+        .filter(move |(name, _, _)| name.contains(filter))
+        .map(|(name, labels, make)| {
             let (tollgate, governor) = make();
             Case {
                 name,
+                labels,
                 tollgate,
                 governor,
             }
@@ -266,8 +346,8 @@ fn criterion_benches(c: &mut Criterion) {
         if case.name.starts_with("2thr") {
             g.sample_size(30);
         }
-        g.bench_function("tollgate", |b| b.iter_custom(&mut case.tollgate));
-        g.bench_function("governor", |b| b.iter_custom(&mut case.governor));
+        g.bench_function(case.labels.0, |b| b.iter_custom(&mut case.tollgate));
+        g.bench_function(case.labels.1, |b| b.iter_custom(&mut case.governor));
         g.finish();
     }
 }
@@ -286,18 +366,30 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// The interleaved ratio table (see the module docs).
 fn ratios(filter: &str) {
-    const ROUNDS: usize = 31;
-    const SAMPLE: Duration = Duration::from_millis(20);
-    println!("| figure | tollgate ns | governor ns | ratio | ratio p25..p75 |");
-    println!("|---|---|---|---|---|");
+    const ROUNDS: usize = 101;
+    let mut labels = None;
     for mut case in build(filter) {
-        // Calibrate the batch to ~SAMPLE on tollgate, and warm both up.
-        let mut n = 1_000u64;
+        if labels != Some(case.labels) {
+            labels = Some(case.labels);
+            let (a, b) = case.labels;
+            println!();
+            println!("| figure | {a} ns | {b} ns | {a} / {b} (median of rounds) | p25..p75 | ratio of best rounds |");
+            println!("|---|---|---|---|---|---|");
+        }
+        // Short samples fit between the other processes' time slices; the threaded cases
+        // get longer ones to amortize the thread start.
+        let sample = if case.name.starts_with("2thr") {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_millis(2)
+        };
+        // Calibrate the batch on the first contender, warming both up.
+        let mut n = 100u64;
         loop {
             let t = (case.tollgate)(n);
             (case.governor)(n);
-            if t >= SAMPLE / 4 {
-                n = (n as f64 * SAMPLE.as_secs_f64() / t.as_secs_f64()).max(1.0) as u64;
+            if t >= sample / 4 {
+                n = (n as f64 * sample.as_secs_f64() / t.as_secs_f64()).max(1.0) as u64;
                 break;
             }
             n *= 4;
@@ -319,16 +411,16 @@ fn ratios(filter: &str) {
             gs.push(g);
             rs.push(t / g);
         }
-        let (t, g) = (median(&mut ts), median(&mut gs));
-        rs.sort_by(f64::total_cmp);
+        let (t, g, r) = (median(&mut ts), median(&mut gs), median(&mut rs));
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.2}..{:.2} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {:.2}..{:.2} | {:.2} |",
             case.name,
             t,
             g,
-            t / g,
+            r,
             percentile(&rs, 0.25),
-            percentile(&rs, 0.75)
+            percentile(&rs, 0.75),
+            ts[0] / gs[0],
         );
     }
 }
