@@ -106,3 +106,51 @@ impl fmt::Display for StoreError {
 }
 
 impl Error for StoreError {}
+
+/// The refusal of the generic middleware: boxed into [`crate::BoxError`]; downcast it to
+/// read when to retry. See [`crate::generic`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimited {
+    decision: crate::Decision,
+}
+
+impl RateLimited {
+    pub(crate) fn new(decision: crate::Decision) -> Self {
+        RateLimited { decision }
+    }
+
+    /// The exact time until the request would be admitted; `None` when its cost can never
+    /// be admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.decision.retry_after()
+    }
+
+    /// The full decision: the limits that refused, remaining units, reset times.
+    pub fn decision(&self) -> &crate::Decision {
+        &self.decision
+    }
+}
+
+impl fmt::Display for RateLimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.retry_after() {
+            Some(d) => write!(f, "rate limited; retry after {d:?}"),
+            None => f.write_str("rate limited; the request's cost exceeds the limit"),
+        }
+    }
+}
+
+impl Error for RateLimited {}
+
+/// The generic middleware refused a request that carried no key
+/// (`MissingKey::Reject`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyMissing;
+
+impl fmt::Display for KeyMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no rate-limit key could be extracted from the request")
+    }
+}
+
+impl Error for KeyMissing {}

@@ -120,9 +120,11 @@ fn dropped_waiter_refund_gives_the_slot_back() {
 #[test]
 fn concurrent_threads_on_one_key_stay_within_the_bound() {
     // 2 threads hammer one key with the real clock. Admitted units must not exceed
-    // burst + elapsed * rate, and must reach 95% of it (nothing is lost to races).
-    let rate = 200_000u64;
-    let burst = 1_000u64;
+    // burst + elapsed * rate, and must reach 95% of it (nothing is lost to races). The
+    // burst banks 100 ms of rate, so a thread descheduled by a busy machine (CI, parallel
+    // builds) loses nothing as long as some thread runs every 100 ms.
+    let rate = 20_000u64;
+    let burst = 2_000u64;
     let q = Quota::per_second(rate).unwrap().with_burst(burst).unwrap();
     let store = Arc::new(MemoryStore::<u32>::new(Limit::token_bucket(q).unwrap()));
     let threads = 2;
@@ -132,7 +134,7 @@ fn concurrent_threads_on_one_key_stay_within_the_bound() {
             let (store, barrier) = (store.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                let end = Instant::now() + Duration::from_millis(400);
+                let end = Instant::now() + Duration::from_millis(500);
                 let mut admitted = 0u64;
                 while Instant::now() < end {
                     for _ in 0..64 {

@@ -16,7 +16,10 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+mod key_bytes;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::{
     fmt,
@@ -25,6 +28,12 @@ use std::{
     task::{Context, Poll},
 };
 
+#[cfg(feature = "redis")]
+pub use self::redis::{
+    BreakerState, FailurePolicy, LocalFirstStore, RedisConnection, RedisStore, RedisStoreBuilder,
+    SyncTask,
+};
+pub use key_bytes::KeyBytes;
 pub use memory::{MemoryStats, MemoryStore};
 
 use crate::{decision::Decision, error::StoreError, Policy};

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# HTTP load benchmark: a bare axum hello-world vs the same app behind tollgate, driven over
+# loopback by wrk, A/B interleaved. Reports the throughput ratio and the p99 latency
+# difference (medians over rounds), then the refusals per second of a server that refuses
+# nearly everything.
+#
+#   bash bench/http_load.sh                # 7 rounds of 5 s per side
+#   ROUNDS=3 SECS=3 bash bench/http_load.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-7}
+SECS=${SECS:-5}
+CONNS=${CONNS:-32}
+command -v wrk >/dev/null || { echo "installing wrk"; apt-get install -y -qq wrk >/dev/null; }
+
+cargo build --release --example load_server -q
+bin=${CARGO_TARGET_DIR:-target}/release/examples/load_server
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+"$bin" bare 18081 & pids+=($!)
+"$bin" limited 18082 & pids+=($!)
+"$bin" refusing 18083 & pids+=($!)
+sleep 1
+
+# wrk -> "req_per_sec p99_us non2xx total"
+run() {
+  wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://127.0.0.1:$1/" | awk '
+    /^ +99%/ { v=$2; u=v; gsub(/[0-9.]/,"",u); gsub(/[a-z]/,"",v);
+               m = (u=="us") ? 1 : (u=="ms") ? 1000 : (u=="s") ? 1000000 : 1; p99 = v*m }
+    /Requests\/sec/ { rps = $2 }
+    /requests in/ { total = $1 }
+    /Non-2xx/ { non = $5 }
+    END { printf "%s %s %s %s\n", rps, p99, (non=="" ? 0 : non), total }'
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+: > /tmp/tollgate_bare; : > /tmp/tollgate_limited
+run 18081 >/dev/null; run 18082 >/dev/null   # warm-up
+for r in $(seq "$ROUNDS"); do
+  if (( r % 2 )); then a=bare; b=limited; else a=limited; b=bare; fi
+  for side in $a $b; do
+    port=$([ "$side" = bare ] && echo 18081 || echo 18082)
+    out=$(run $port)
+    echo "$out" >> /tmp/tollgate_$side
+    echo "round $r $side: $out" >&2
+  done
+done
+bare_rps=$(cut -d' ' -f1 /tmp/tollgate_bare | median)
+lim_rps=$(cut -d' ' -f1 /tmp/tollgate_limited | median)
+bare_p99=$(cut -d' ' -f2 /tmp/tollgate_bare | median)
+lim_p99=$(cut -d' ' -f2 /tmp/tollgate_limited | median)
+lim_non=$(cut -d' ' -f3 /tmp/tollgate_limited | sort -g | tail -1)
+ref=$(run 18083)
+ref_rps=$(echo "$ref" | cut -d' ' -f1); ref_non=$(echo "$ref" | cut -d' ' -f3); ref_total=$(echo "$ref" | cut -d' ' -f4)
+
+echo
+echo "| figure | bare axum | with tollgate | ratio / difference |"
+echo "|---|---|---|---|"
+awk -v b="$bare_rps" -v l="$lim_rps" 'BEGIN { printf "| throughput (req/s, median of rounds) | %.0f | %.0f | %.3f |\n", b, l, l/b }'
+awk -v b="$bare_p99" -v l="$lim_p99" 'BEGIN { printf "| p99 latency (us, median of rounds) | %.0f | %.0f | %+.0f us |\n", b, l, l-b }'
+echo "| non-2xx with the admit-all limit (max of rounds) | - | $lim_non | must be 0 |"
+awk -v r="$ref_rps" -v n="$ref_non" -v t="$ref_total" 'BEGIN { printf "| refusing server: responses/s, of which 429 | - | %.0f | %.0f refusals/s (%.2f%% refused) |\n", r, r*n/t, 100*n/t }'

@@ -1,0 +1,46 @@
+//! Target for the HTTP load benchmark (`bench/http_load.sh`): an axum hello-world, bare or
+//! behind tollgate.
+//!
+//! ```sh
+//! cargo run --release --example load_server -- bare 8081      # no limiter
+//! cargo run --release --example load_server -- limited 8082   # token bucket per peer IP,
+//!                                                             # admits everything, IETF headers on
+//! cargo run --release --example load_server -- refusing 8083  # same, but nearly all refused
+//! ```
+
+use std::net::SocketAddr;
+
+use axum::{routing::get, Router};
+use tollgate::{key::PeerIp, Quota, RateLimitLayer};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "bare".into());
+    let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(8081);
+    let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+    let app = match mode.as_str() {
+        "bare" => app,
+        "limited" => app.layer(
+            RateLimitLayer::builder()
+                .key(PeerIp::new())
+                .token_bucket(Quota::per_second(1_000_000_000)?.with_burst(1_000_000)?)
+                .build()?,
+        ),
+        "refusing" => app.layer(
+            RateLimitLayer::builder()
+                .key(PeerIp::new())
+                .token_bucket(Quota::per_minute(1)?)
+                .build()?,
+        ),
+        other => return Err(format!("unknown mode {other:?}: bare | limited | refusing").into()),
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    eprintln!("load_server {mode} on {}", listener.local_addr()?);
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,381 @@
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use http::{
+    header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
+    HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
+};
+
+use crate::{Decision, Outcome, Policy};
+
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// A custom rejection: builds the refusal from the decision. The middleware still adds
+/// `Retry-After` and the `RateLimit` fields when the closure did not set them.
+pub type Rejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
+
+/// "10" to "99" back to back: `Retry-After` values below 100 are slices of static text, so
+/// they cost no allocation.
+const TWO_DIGITS: &str = "101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
+/// A header value for a whole number of seconds; no allocation below 100.
+fn seconds_value(secs: u64) -> HeaderValue {
+    match secs {
+        0..=9 => {
+            let i = secs as usize;
+            HeaderValue::from_static(&"0123456789"[i..i + 1])
+        }
+        10..=99 => {
+            let i = (secs as usize - 10) * 2;
+            HeaderValue::from_static(&TWO_DIGITS[i..i + 2])
+        }
+        _ => HeaderValue::from(secs),
+    }
+}
+
+/// Whole seconds for `Retry-After` / `t`, rounded up: any wait above zero is at least 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs();
+    if wait.subsec_nanos() > 0 {
+        secs + 1
+    } else {
+        secs
+    }
+}
+
+/// Formats headers and bodies; everything static is formatted once, at build time.
+pub(crate) struct Responder {
+    ietf: bool,
+    legacy: bool,
+    problem: bool,
+    policy_value: HeaderValue,
+    prefixes: Vec<Vec<u8>>,
+    quotas: Vec<u64>,
+    bodies: Vec<Bytes>,
+    exceeds_bodies: Vec<Bytes>,
+    rejection: Option<Rejection>,
+}
+
+impl fmt::Debug for Responder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Responder")
+            .field("ietf", &self.ietf)
+            .field("legacy", &self.legacy)
+            .field("problem", &self.problem)
+            .field("policy", &self.policy_value)
+            .field("custom_rejection", &self.rejection.is_some())
+            .finish()
+    }
+}
+
+/// Headers to add to an admitted response, formatted in `call`.
+#[derive(Debug, Default)]
+pub(crate) struct ResponseHeaders {
+    values: [Option<(&'static HeaderName, HeaderValue)>; 5],
+}
+
+impl ResponseHeaders {
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.values.into_iter().flatten() {
+            headers.insert(name, value);
+        }
+    }
+}
+
+fn json_escape(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn sf_string(s: &str, out: &mut Vec<u8>) {
+    out.push(b'"');
+    for b in s.bytes() {
+        if b == b'"' || b == b'\\' {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
+}
+
+/// A small on-stack buffer for header values; spills to the heap only past 256 bytes
+/// (four limits with long names).
+#[derive(Default)]
+struct StackBuf {
+    len: usize,
+    stack: Option<[u8; 256]>,
+    heap: Vec<u8>,
+}
+
+impl StackBuf {
+    fn push(&mut self, bytes: &[u8]) {
+        let stack = self.stack.get_or_insert([0; 256]);
+        if self.heap.is_empty() && self.len + bytes.len() <= stack.len() {
+            stack[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&stack[..self.len]);
+            }
+            self.heap.extend_from_slice(bytes);
+        }
+        self.len += bytes.len();
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match (&self.stack, self.heap.is_empty()) {
+            (Some(stack), true) => &stack[..self.len],
+            (None, true) => &[],
+            (_, false) => &self.heap,
+        }
+    }
+}
+
+fn push_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+fn problem_body(
+    status: u16,
+    title: &str,
+    detail: &str,
+    violated: &[&str],
+    typ: Option<&str>,
+) -> Bytes {
+    let mut s = String::from("{");
+    if let Some(t) = typ {
+        s.push_str("\"type\":\"");
+        s.push_str(t);
+        s.push_str("\",");
+    }
+    s.push_str("\"title\":\"");
+    s.push_str(title);
+    s.push_str("\",\"status\":");
+    s.push_str(itoa::Buffer::new().format(status));
+    s.push_str(",\"detail\":\"");
+    json_escape(detail, &mut s);
+    s.push('"');
+    if typ.is_some() {
+        s.push_str(",\"violated-policies\":[");
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push('"');
+            json_escape(name, &mut s);
+            s.push('"');
+        }
+        s.push(']');
+    }
+    s.push('}');
+    Bytes::from(s)
+}
+
+impl Responder {
+    pub(crate) fn new(
+        policy: &Policy,
+        ietf: bool,
+        legacy: bool,
+        problem: bool,
+        rejection: Option<Rejection>,
+    ) -> Self {
+        let limits = policy.limits();
+        let mut policy_value = Vec::new();
+        let mut prefixes = Vec::new();
+        for (i, l) in limits.iter().enumerate() {
+            if i > 0 {
+                policy_value.extend_from_slice(b", ");
+            }
+            // q per w seconds; a sub-second or fractional period is scaled to whole seconds.
+            let period = l.quota().period();
+            let w = retry_after_secs(period).max(1);
+            let q = ((l.quota().limit() as u128 * w as u128 * 1_000_000_000)
+                / period.as_nanos().max(1))
+            .min(u64::MAX as u128) as u64;
+            sf_string(l.name(), &mut policy_value);
+            policy_value.extend_from_slice(b";q=");
+            push_u64(&mut policy_value, q.max(1));
+            policy_value.extend_from_slice(b";w=");
+            push_u64(&mut policy_value, w);
+            let mut prefix = Vec::new();
+            sf_string(l.name(), &mut prefix);
+            prefix.extend_from_slice(b";r=");
+            prefixes.push(prefix);
+        }
+        let names: Vec<&str> = limits.iter().map(|l| l.name()).collect();
+        let subsets = 1usize << limits.len();
+        let pick = |mask: usize| -> Vec<&str> {
+            (0..limits.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| names[i])
+                .collect()
+        };
+        let bodies = (0..subsets)
+            .map(|mask| {
+                problem_body(
+                    429,
+                    "Too Many Requests",
+                    "Request quota exceeded; retry after the number of seconds in Retry-After.",
+                    &pick(mask),
+                    Some(QUOTA_EXCEEDED),
+                )
+            })
+            .collect();
+        let exceeds_bodies = (0..subsets)
+            .map(|mask| {
+                problem_body(
+                    429,
+                    "Too Many Requests",
+                    "This request costs more than the quota can ever admit at once; retrying will not help.",
+                    &pick(mask),
+                    Some(QUOTA_EXCEEDED),
+                )
+            })
+            .collect();
+        Responder {
+            ietf,
+            legacy,
+            problem,
+            policy_value: HeaderValue::from_bytes(&policy_value)
+                .unwrap_or_else(|_| HeaderValue::from_static("")),
+            prefixes,
+            quotas: limits.iter().map(|l| l.quota().limit()).collect(),
+            bodies,
+            exceeds_bodies,
+            rejection,
+        }
+    }
+
+    /// The `RateLimit` field value for a decision: formatted on the stack, then copied
+    /// once into the header value (one allocation of the exact size).
+    pub(crate) fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
+        let mut buf = StackBuf::default();
+        for (i, l) in d.limits().iter().enumerate() {
+            if i > 0 {
+                buf.push(b", ");
+            }
+            buf.push(&self.prefixes[i.min(self.prefixes.len() - 1)]);
+            buf.push(itoa::Buffer::new().format(l.remaining()).as_bytes());
+            buf.push(b";t=");
+            buf.push(
+                itoa::Buffer::new()
+                    .format(retry_after_secs(l.next_after()))
+                    .as_bytes(),
+            );
+        }
+        HeaderValue::from_bytes(buf.as_bytes()).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    /// Headers for a response to a request with this decision.
+    pub(crate) fn headers(&self, d: &Decision) -> ResponseHeaders {
+        let mut h = ResponseHeaders::default();
+        if self.ietf {
+            h.values[0] = Some((&RATELIMIT_POLICY, self.policy_value.clone()));
+            h.values[1] = Some((&RATELIMIT, self.rate_limit_value(d)));
+        }
+        if self.legacy {
+            // The limit with the fewest units left binds.
+            if let Some(l) = d.limits().iter().min_by_key(|l| l.remaining()) {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default();
+                let reset = now.as_secs() + retry_after_secs(l.reset_after());
+                let q = self.quotas.get(l.index()).copied().unwrap_or(0);
+                h.values[2] = Some((&X_LIMIT, HeaderValue::from(q)));
+                h.values[3] = Some((&X_REMAINING, HeaderValue::from(l.remaining())));
+                h.values[4] = Some((&X_RESET, HeaderValue::from(reset)));
+            }
+        }
+        h
+    }
+
+    /// The refusal for a denied or exceeding decision.
+    pub(crate) fn refusal(&self, d: &Decision) -> Response<Bytes> {
+        let mut response = match &self.rejection {
+            Some(f) => f(d),
+            None => {
+                let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
+                let body = if !self.problem {
+                    Bytes::new()
+                } else if matches!(d.outcome(), Outcome::Exceeds) {
+                    self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone()
+                } else {
+                    self.bodies[mask.min(self.bodies.len() - 1)].clone()
+                };
+                let mut r = Response::new(body);
+                *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                // Room for every header of a refusal, allocated once.
+                r.headers_mut().reserve(8);
+                if self.problem {
+                    r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+                }
+                r
+            }
+        };
+        let headers = response.headers_mut();
+        if !headers.contains_key(CACHE_CONTROL) {
+            headers.insert(CACHE_CONTROL, NO_STORE);
+        }
+        if let Some(wait) = d.retry_after() {
+            if !headers.contains_key(RETRY_AFTER) {
+                headers.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
+            }
+        }
+        if !headers.contains_key(&RATELIMIT) {
+            self.headers(d).apply(headers);
+        }
+        response
+    }
+
+    /// A response of the middleware's own that is not a rate-limit refusal (no key under
+    /// `MissingKey::Reject`, a failed store under fail-closed).
+    pub(crate) fn plain(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
+        let title = status.canonical_reason().unwrap_or("Error");
+        let typ = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(
+            "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+        );
+        let body = problem_body(status.as_u16(), title, detail, &[], typ);
+        let mut r = Response::new(body);
+        *r.status_mut() = status;
+        r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        r.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_values_are_exact() {
+        for n in (0..=150).chain([1_000, u64::MAX]) {
+            assert_eq!(seconds_value(n).to_str().unwrap(), n.to_string());
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 0);
+        assert_eq!(retry_after_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(999)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+    }
+}

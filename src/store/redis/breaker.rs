@@ -1,0 +1,159 @@
+//! The circuit breaker in front of the Redis store.
+
+use std::{
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+/// The state of the [`RedisStore`](super::RedisStore)'s circuit breaker. See the
+/// [module docs](super).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Calls go to Redis.
+    Closed,
+    /// Redis is not called; every decision follows the failure policy at once.
+    Open,
+    /// The cooldown has passed: one probe call is let through; its result closes or
+    /// re-opens the breaker.
+    HalfOpen,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: BreakerState,
+    failures: u32,
+    opened_at: Instant,
+    probe_in_flight: bool,
+}
+
+/// Consecutive-failure breaker with a cooldown and a single half-open probe.
+#[derive(Debug)]
+pub(super) struct Breaker {
+    threshold: u32,
+    cooldown: Duration,
+    inner: Mutex<Inner>,
+}
+
+/// Permission to call the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Permit {
+    Call,
+    Probe,
+}
+
+impl Breaker {
+    pub(super) fn new(threshold: u32, cooldown: Duration) -> Self {
+        Breaker {
+            threshold: threshold.max(1),
+            cooldown,
+            inner: Mutex::new(Inner {
+                state: BreakerState::Closed,
+                failures: 0,
+                opened_at: Instant::now(),
+                probe_in_flight: false,
+            }),
+        }
+    }
+
+    pub(super) fn state(&self) -> BreakerState {
+        let i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if i.state == BreakerState::Open && i.opened_at.elapsed() >= self.cooldown {
+            BreakerState::HalfOpen
+        } else {
+            i.state
+        }
+    }
+
+    /// Whether a call may go out now; `None` while open (or while a probe is out).
+    pub(super) fn permit(&self) -> Option<Permit> {
+        let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match i.state {
+            BreakerState::Closed => Some(Permit::Call),
+            BreakerState::Open if i.opened_at.elapsed() < self.cooldown => None,
+            BreakerState::Open | BreakerState::HalfOpen => {
+                if i.probe_in_flight {
+                    return None;
+                }
+                if i.state == BreakerState::Open {
+                    i.state = BreakerState::HalfOpen;
+                    tracing::info!(target: "tollgate::redis", "circuit breaker half-open: probing Redis");
+                }
+                i.probe_in_flight = true;
+                Some(Permit::Probe)
+            }
+        }
+    }
+
+    pub(super) fn success(&self, permit: Permit) {
+        let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        i.failures = 0;
+        if permit == Permit::Probe {
+            i.probe_in_flight = false;
+            i.state = BreakerState::Closed;
+            tracing::info!(target: "tollgate::redis", "circuit breaker closed: Redis answers again");
+        }
+    }
+
+    /// A permitted call that never finished (its future was dropped).
+    pub(super) fn abandon(&self, permit: Permit) {
+        if permit == Permit::Probe {
+            self.inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .probe_in_flight = false;
+        }
+    }
+
+    pub(super) fn failure(&self, permit: Permit, what: &dyn std::fmt::Display) {
+        let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if permit == Permit::Probe {
+            i.probe_in_flight = false;
+            i.state = BreakerState::Open;
+            i.opened_at = Instant::now();
+            tracing::warn!(target: "tollgate::redis", error = %what, "circuit breaker re-opened: probe failed");
+            return;
+        }
+        i.failures = i.failures.saturating_add(1);
+        if i.state == BreakerState::Closed && i.failures >= self.threshold {
+            i.state = BreakerState::Open;
+            i.opened_at = Instant::now();
+            tracing::warn!(
+                target: "tollgate::redis",
+                error = %what,
+                failures = i.failures,
+                cooldown = ?self.cooldown,
+                "circuit breaker opened: Redis is not called until the cooldown has passed"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_probes_and_closes() {
+        let b = Breaker::new(2, Duration::from_millis(30));
+        let p = b.permit().unwrap();
+        b.failure(p, &"x");
+        assert_eq!(b.state(), BreakerState::Closed);
+        let p = b.permit().unwrap();
+        b.failure(p, &"x");
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.permit().is_none());
+        std::thread::sleep(Duration::from_millis(35));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let probe = b.permit().unwrap();
+        assert_eq!(probe, Permit::Probe);
+        assert!(b.permit().is_none(), "one probe at a time");
+        b.failure(probe, &"x");
+        assert_eq!(b.state(), BreakerState::Open);
+        std::thread::sleep(Duration::from_millis(35));
+        let probe = b.permit().unwrap();
+        b.success(probe);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.permit(), Some(Permit::Call));
+    }
+}

@@ -1,0 +1,102 @@
+//! Redis key names: `{namespace}:v1:{fingerprint}:{material}` with the material in braces
+//! (the cluster hash tag).
+
+use crate::{error::ConfigError, store::KeyBytes, Policy};
+
+/// Key material longer than this is hashed.
+pub(super) const MAX_RAW: usize = 64;
+
+/// Whether a byte may appear in raw key material: printable ASCII without space, the
+/// braces (they delimit the hash tag) and `#` (it marks hashed material).
+fn raw_ok(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b) && !matches!(b, b'{' | b'}' | b'#')
+}
+
+/// Checks a namespace: non-empty printable ASCII without braces or spaces.
+pub(super) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
+    if ns.is_empty()
+        || ns.len() > 128
+        || !ns
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}')
+    {
+        return Err(ConfigError::Store(format!(
+            "Redis namespace {ns:?} must be 1-128 printable ASCII characters without spaces or braces"
+        )));
+    }
+    Ok(())
+}
+
+/// The key prefix of one policy: `{namespace}:v1:{fingerprint as 16 hex digits}:{`.
+pub(super) fn prefix(namespace: &str, policy: &Policy) -> Vec<u8> {
+    format!("{namespace}:v1:{:016x}:{{", policy.fingerprint()).into_bytes()
+}
+
+/// The full Redis key of `key` under `prefix`.
+pub(super) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 24);
+    out.extend_from_slice(prefix);
+    let start = out.len();
+    key.write_key(&mut out);
+    let material = &out[start..];
+    if material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
+        let digest = sha1_smol::Sha1::from(material).digest().to_string();
+        out.truncate(start);
+        out.push(b'#');
+        out.extend_from_slice(digest.as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limit, Quota};
+
+    fn policy() -> Policy {
+        Policy::new(Limit::token_bucket(Quota::per_second(10).unwrap()).unwrap())
+    }
+
+    #[test]
+    fn layout() {
+        let p = prefix("tollgate", &policy());
+        let k = String::from_utf8(redis_key(&p, "192.0.2.1")).unwrap();
+        assert_eq!(
+            k,
+            format!("tollgate:v1:{:016x}:{{192.0.2.1}}", policy().fingerprint())
+        );
+    }
+
+    #[test]
+    fn long_or_binary_material_is_hashed() {
+        let p = prefix("t", &policy());
+        let long = "x".repeat(65);
+        let k = String::from_utf8(redis_key(&p, long.as_str())).unwrap();
+        assert!(k.ends_with('}') && k.contains(":{#"), "{k}");
+        assert_eq!(k.len(), p.len() + 1 + 40 + 1);
+        let exactly = "x".repeat(64);
+        assert!(String::from_utf8(redis_key(&p, exactly.as_str()))
+            .unwrap()
+            .contains(&exactly));
+        for odd in ["a b", "a{b", "a}b", "#abc", "é"] {
+            let k = redis_key(&p, odd);
+            assert_eq!(k.len(), p.len() + 42, "{odd}");
+        }
+        // Stable: SHA-1 of "a b".
+        let k = String::from_utf8(redis_key(&p, "a b")).unwrap();
+        assert!(
+            k.ends_with("#7dbde93504122a707f849f2c12bdd9de71b41929}"),
+            "{k}"
+        );
+        assert_ne!(redis_key(&p, "a b"), redis_key(&p, "a  b"));
+    }
+
+    #[test]
+    fn namespaces() {
+        assert!(check_namespace("tollgate").is_ok());
+        assert!(check_namespace("").is_err());
+        assert!(check_namespace("a{b").is_err());
+        assert!(check_namespace("a b").is_err());
+    }
+}

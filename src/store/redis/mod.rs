@@ -1,0 +1,107 @@
+//! The Redis store (feature `redis`): one limit shared by every instance.
+//!
+//! [`RedisStore`] decides each request with one Lua script on Redis (`EVALSHA`, reloaded
+//! after `NOSCRIPT`), reading, deciding and writing atomically on the server with the
+//! server's clock, so instances with drifting clocks agree. It makes exactly the decisions
+//! of the in-memory store (same outcome, wait, retry-after, remaining, reset and next
+//! times) for every algorithm and for policies of several limits.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tollgate::store::{FailurePolicy, RedisConnection, RedisStore, Store};
+//! use tollgate::{Limit, Policy, Quota};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::new(Limit::token_bucket(Quota::per_second(100)?.with_burst(200)?)?);
+//! let store = RedisStore::builder(policy)
+//!     .namespace("myapp")
+//!     .deadline(Duration::from_millis(20))
+//!     .failure_policy(FailurePolicy::LocalFallback { share: 0.5 }) // 2 instances
+//!     .build(RedisConnection::connect("redis://127.0.0.1:6379").await?)?;
+//! let decision = store.check(&"203.0.113.7", 1).await?;
+//! println!("{:?} from {:?}", decision.outcome(), decision.source());
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! One client's state for one policy is ONE Redis key, holding every limit's state as a
+//! string of decimal integers, so one call is atomic and slot-safe in a cluster:
+//! `{namespace}:v1:{policy fingerprint, 16 hex digits}:{key material}`. The braces are
+//! the cluster hash tag (never a constant one, so clients spread over the shards). Key
+//! material is the key's [`KeyBytes`](crate::store::KeyBytes); when it is longer than 64 bytes or holds anything
+//! but printable ASCII (or `{`, `}`, `#`) it is replaced by `#` and its SHA-1 in hex
+//! (`sha1_smol`, which redis-rs already uses for script hashes: no new dependency; a
+//! second preimage, the only attack that would let one client share another's state,
+//! remains out of reach for SHA-1). Instances configured alike share state because the
+//! fingerprint covers the limits' parameters, not their names.
+//!
+//! # Exactness, and the quotas refused
+//!
+//! Lua numbers are doubles: integers are exact below 2^53. Time is integer microseconds
+//! from `TIME` (about 1.7e15); a GCRA state is stored as `(written_at_us, fill_ns)` (the
+//! TAT is `written_at_us * 1000 + fill`), never as an absolute nanosecond TAT; windows
+//! are computed in microseconds with every product bounded. So
+//! [`RedisStoreBuilder::build`] refuses, with [`ConfigError::Store`](crate::ConfigError):
+//!
+//! - a GCRA-based limit whose `(burst + queue) * emission interval` exceeds 2^51 ns
+//!   (about 26 days);
+//! - a window that is not a whole number of microseconds or is longer than 2^52 ns
+//!   (about 52 days);
+//! - a window whose `limit * window_in_microseconds` exceeds 2^51 (a day-long window up
+//!   to about 26 000 units, an hour-long one up to about 625 000).
+//!
+//! The key expires when its state is fresh again (time to a full bucket or past the
+//! window, rounded up to the millisecond): a missing key is exactly a fresh one, expiry
+//! loses nothing. A refusal writes nothing and does not extend the expiry.
+//!
+//! # Failure handling
+//!
+//! Every call has a deadline (default 20 ms, [`RedisStoreBuilder::deadline`]). After 3
+//! consecutive failures or timeouts a circuit breaker opens ([`RedisStore::breaker_state`]);
+//! while open no call goes out, so no request pays the deadline; after the cooldown
+//! (default 500 ms) one probe call goes through and closes it on success. Meanwhile the
+//! [`FailurePolicy`] decides: admit ([`Source::FailOpen`](crate::Source::FailOpen)),
+//! refuse ([`Source::FailClosed`](crate::Source::FailClosed)) or decide from a local
+//! in-memory store at a share of each quota
+//! ([`Source::Fallback`](crate::Source::Fallback), the default, share 1.0). Breaker
+//! transitions are `tracing` events (target `tollgate::redis`): `warn` when it opens,
+//! `info` when it half-opens and closes; failed calls are `debug` events.
+//!
+//! # Negative cache
+//!
+//! A refused key is remembered locally until its retry-after, counted from when the call
+//! was sent (so never later than Redis's own answer); until then a request of the same or
+//! a larger cost is refused locally ([`Source::NegativeCache`](crate::Source::NegativeCache))
+//! without a Redis call; a smaller cost still asks Redis. This is exact for every
+//! algorithm: a refused request becomes admissible exactly at its retry-after (for
+//! windows, at the window edge or when the sliding estimate has decayed enough), and other
+//! instances' consumption can only push that later. The exception is a refund by another
+//! instance, which can make a request admissible earlier than remembered here. The map is
+//! bounded ([`RedisStoreBuilder::negative_cache`], default 10 000 keys): expired entries
+//! are swept as it grows, and when it is full of live ones the entry ending soonest goes.
+//!
+//! # Local-first mode
+//!
+//! [`LocalFirstStore`] takes Redis off the request path: each instance decides from its
+//! own state and reconciles with Redis in the background every 100-200 ms. See its docs
+//! for the overshoot bound.
+//!
+//! # Deployment caveat
+//!
+//! The fallback, the negative cache and local-first mode are per instance. With `N`
+//! instances, a fallback share of `1.0` admits up to `N` times the limit while Redis is
+//! down: set the share to `1 / N` when that matters.
+
+mod breaker;
+mod failure;
+mod keys;
+mod local_first;
+mod negative;
+mod script;
+mod store;
+
+pub use breaker::BreakerState;
+pub use failure::FailurePolicy;
+pub use local_first::{LocalFirstStore, SyncTask};
+pub use store::{RedisConnection, RedisStore, RedisStoreBuilder};

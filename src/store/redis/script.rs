@@ -1,0 +1,201 @@
+//! The Lua script, its arguments and its reply.
+
+use std::{sync::LazyLock, time::Duration};
+
+use redis::Script;
+
+use crate::{
+    algorithm::{Params, MAX_WORDS},
+    decision::{Decision, LimitReport, Outcome, Source},
+    error::{ConfigError, StoreError},
+    Policy, MAX_LIMITS,
+};
+
+/// The decision script (one for every policy: the limits travel as arguments).
+pub(super) static SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("script.lua")));
+
+/// Largest GCRA capacity (`cap`, ns) and largest `limit * window_us` of a window: the
+/// script's arithmetic adds and doubles these, and must stay below 2^53 to be exact.
+pub(super) const MAX_EXACT: u64 = 1 << 51;
+/// Longest window in nanoseconds (its doubled value is returned in ns).
+const MAX_WINDOW_NS: u64 = 1 << 52;
+/// Costs are clamped to this before they reach Lua (any larger cost exceeds every limit).
+const MAX_COST: u64 = 1 << 52;
+
+/// What the script is asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    Check = 0,
+    Peek = 1,
+    Refund = 2,
+    Sync = 3,
+}
+
+/// The policy's limits as script arguments; refuses limits the script cannot decide
+/// exactly.
+pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
+    let mut args = vec![policy.limits().len() as u64];
+    for (i, l) in policy.limits().iter().enumerate() {
+        match l.params {
+            Params::Gcra(g) => {
+                if g.cap > MAX_EXACT {
+                    return Err(ConfigError::Store(format!(
+                        "limit {i} ({}): the Redis store needs (burst + queue) * emission interval \
+                         <= 2^51 ns (about 26 days); it is {:?}",
+                        l.name(),
+                        Duration::from_nanos(g.cap)
+                    )));
+                }
+                args.extend([1, g.t, g.tau, g.cap, g.free]);
+            }
+            Params::Fixed(w) | Params::Sliding(w) => {
+                if w.w % 1000 != 0 {
+                    return Err(ConfigError::Store(format!(
+                        "limit {i} ({}): the Redis store needs a window of whole microseconds",
+                        l.name()
+                    )));
+                }
+                if w.w > MAX_WINDOW_NS {
+                    return Err(ConfigError::Store(format!(
+                        "limit {i} ({}): the Redis store needs a window of at most 2^52 ns (about 52 days)",
+                        l.name()
+                    )));
+                }
+                let w_us = w.w / 1000;
+                if u128::from(w.limit) * u128::from(w_us) > u128::from(MAX_EXACT) {
+                    return Err(ConfigError::Store(format!(
+                        "limit {i} ({}): the Redis store needs limit * window (in microseconds) <= 2^51",
+                        l.name()
+                    )));
+                }
+                let kind = if matches!(l.params, Params::Fixed(_)) {
+                    2
+                } else {
+                    3
+                };
+                args.extend([kind, w_us, w.limit]);
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// Builds one invocation.
+pub(super) fn invocation<'a>(
+    key: &[u8],
+    mode: Mode,
+    cost: u64,
+    now_ns: Option<u64>,
+    limits: &[u64],
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = SCRIPT.key(key);
+    inv.arg(mode as u8).arg(cost.min(MAX_COST));
+    match now_ns {
+        // The override runs in fake time: give the TTL slack so real time cannot expire
+        // state that the fake clock still considers live.
+        Some(ns) => inv.arg(ns / 1000).arg(60_000u64),
+        None => inv.arg("").arg(0u64),
+    };
+    for a in limits {
+        inv.arg(*a);
+    }
+    inv
+}
+
+fn bad_reply(what: &str) -> StoreError {
+    StoreError::Backend(format!(
+        "unexpected reply from the rate-limit script: {what}"
+    ))
+}
+
+/// Turns a check / peek reply into the decision the in-memory store would have made.
+pub(super) fn decode_decision(
+    reply: &[i64],
+    policy: &Policy,
+) -> Result<(Decision, u64), StoreError> {
+    let n = policy.limits().len();
+    if reply.len() != 2 + 6 * n || reply[0] != n as i64 {
+        return Err(bad_reply("length"));
+    }
+    let nn = |v: i64| u64::try_from(v).map_err(|_| bad_reply("negative value"));
+    let mut reports = [LimitReport::default(); MAX_LIMITS];
+    let mut wait = 0u64;
+    let mut retry: Option<u64> = None;
+    let mut exceeds = false;
+    for (i, r) in reports.iter_mut().enumerate().take(n) {
+        let f = &reply[1 + 6 * i..7 + 6 * i];
+        let value = nn(f[1])?;
+        match f[0] {
+            0 => wait = wait.max(value),
+            1 => retry = Some(retry.map_or(value, |r| r.max(value))),
+            2 => exceeds = true,
+            _ => return Err(bad_reply("outcome code")),
+        }
+        *r = LimitReport {
+            index: i as u8,
+            allowed: f[2] == 1,
+            remaining: nn(f[3])?,
+            reset_after: nn(f[4])?,
+            next_after: nn(f[5])?,
+        };
+    }
+    let outcome = if exceeds {
+        Outcome::Exceeds
+    } else if let Some(r) = retry {
+        Outcome::Denied {
+            retry_after: Duration::from_nanos(r),
+        }
+    } else {
+        Outcome::Allowed {
+            wait: Duration::from_nanos(wait),
+        }
+    };
+    let now_us = nn(reply[reply.len() - 1])?;
+    Ok((
+        Decision {
+            outcome,
+            source: Source::Store,
+            len: n as u8,
+            limits: reports,
+        },
+        now_us,
+    ))
+}
+
+/// Turns a sync reply into the server's time (ns) and the state words in the in-memory
+/// format, in the server's clock (GCRA: absolute TAT in ns; windows: tags and counts).
+pub(super) fn decode_sync(
+    reply: &[i64],
+    policy: &Policy,
+) -> Result<(u64, [u64; MAX_WORDS]), StoreError> {
+    let words = policy.state_words();
+    if reply.len() != 1 + words {
+        return Err(bad_reply("sync length"));
+    }
+    let nn = |v: i64| u64::try_from(v).map_err(|_| bad_reply("negative value"));
+    let now_ns = nn(reply[0])? * 1000;
+    let mut out = [0u64; MAX_WORDS];
+    let mut w = 0;
+    for l in policy.limits() {
+        match l.params {
+            Params::Gcra(_) => {
+                let fill = nn(reply[1 + w])?;
+                out[w] = if fill == 0 { 0 } else { now_ns + fill };
+                w += 1;
+            }
+            Params::Fixed(_) => {
+                out[w] = nn(reply[1 + w])?;
+                out[w + 1] = nn(reply[2 + w])?;
+                w += 2;
+            }
+            Params::Sliding(_) => {
+                for x in 0..3 {
+                    out[w + x] = nn(reply[1 + w + x])?;
+                }
+                w += 3;
+            }
+        }
+    }
+    Ok((now_ns, out))
+}

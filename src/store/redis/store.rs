@@ -1,0 +1,467 @@
+//! `RedisStore`: the shared store, its builder and its connection.
+
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
+
+use super::{
+    breaker::{Breaker, BreakerState, Permit},
+    failure::{scaled_policy, FailurePolicy},
+    keys,
+    negative::NegativeCache,
+    script::{self, Mode},
+};
+use crate::{
+    decision::{Decision, Outcome, Source},
+    error::{ConfigError, StoreError},
+    store::{CheckFuture, KeyBytes, MemoryStore, Store},
+    Policy,
+};
+
+/// A connection to Redis or to a Redis Cluster: the only place redis-rs types meet
+/// tollgate's API. Cheap to clone (one multiplexed connection is shared).
+///
+/// See the [module docs](super).
+#[derive(Clone)]
+pub struct RedisConnection {
+    conn: Conn,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.conn {
+            Conn::Single(_) => "single",
+            Conn::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisConnection")
+            .field("kind", &kind)
+            .finish()
+    }
+}
+
+fn backend(e: redis::RedisError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl RedisConnection {
+    /// Connects to one Redis server (`redis://host:port/db`) through a redis-rs
+    /// `ConnectionManager`, which reconnects by itself after a failure.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_max_delay(Duration::from_millis(200));
+        let cm = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(backend)?;
+        Ok(cm.into())
+    }
+
+    /// Connects to a Redis Cluster given some of its nodes' URLs.
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|s| s.as_ref().to_owned()).collect();
+        let client = redis::cluster::ClusterClientBuilder::new(nodes)
+            .connection_timeout(Duration::from_secs(1))
+            .build()
+            .map_err(backend)?;
+        Ok(client.get_async_connection().await.map_err(backend)?.into())
+    }
+
+    pub(super) async fn invoke(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
+        }
+    }
+}
+
+impl From<ConnectionManager> for RedisConnection {
+    fn from(cm: ConnectionManager) -> Self {
+        RedisConnection {
+            conn: Conn::Single(cm),
+        }
+    }
+}
+
+impl From<ClusterConnection> for RedisConnection {
+    fn from(c: ClusterConnection) -> Self {
+        RedisConnection {
+            conn: Conn::Cluster(c),
+        }
+    }
+}
+
+/// Builds a [`RedisStore`]; made by [`RedisStore::builder`]. See the [module docs](super).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    policy: Policy,
+    namespace: String,
+    deadline: Duration,
+    breaker_failures: u32,
+    breaker_cooldown: Duration,
+    failure: FailurePolicy,
+    negative_cache: usize,
+}
+
+impl RedisStoreBuilder {
+    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
+    /// braces.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// The most a decision may wait for Redis (default 20 ms). A call that misses it
+    /// counts as a failure.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+    /// (default 3) and stays open for `cooldown` (default 500 ms); then one probe call
+    /// goes through and closes it again on success.
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker_failures = failures;
+        self.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// What to decide when Redis fails (default
+    /// [`FailurePolicy::LocalFallback`] with `share` 1.0).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
+    /// off.
+    pub fn negative_cache(mut self, max_keys: usize) -> Self {
+        self.negative_cache = max_keys;
+        self
+    }
+
+    /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
+    /// (see the [module docs](super)), a bad namespace, a zero deadline and a fallback
+    /// share outside `(0, 1]`.
+    pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
+        keys::check_namespace(&self.namespace)?;
+        if self.deadline.is_zero() {
+            return Err(ConfigError::Store(
+                "the Redis deadline must be longer than zero".into(),
+            ));
+        }
+        let limits = script::limit_args(&self.policy)?;
+        let fallback = match self.failure {
+            FailurePolicy::LocalFallback { share } => {
+                Some(MemoryStore::new(scaled_policy(&self.policy, share)?))
+            }
+            _ => None,
+        };
+        Ok(RedisStore {
+            inner: Arc::new(Shared {
+                conn: connection.into(),
+                prefix: keys::prefix(&self.namespace, &self.policy),
+                limits,
+                policy: self.policy,
+                deadline: self.deadline,
+                breaker: Breaker::new(self.breaker_failures, self.breaker_cooldown),
+                failure: self.failure,
+                fallback,
+                negative: (self.negative_cache > 0)
+                    .then(|| NegativeCache::new(self.negative_cache)),
+            }),
+        })
+    }
+}
+
+/// The shared store: every instance decides through one Lua script on Redis, so a limit
+/// holds across the fleet. Cheap to clone. See the [module docs](super).
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(super) inner: Arc<Shared>,
+}
+
+pub(super) struct Shared {
+    pub(super) conn: RedisConnection,
+    pub(super) policy: Policy,
+    pub(super) limits: Vec<u64>,
+    pub(super) prefix: Vec<u8>,
+    deadline: Duration,
+    breaker: Breaker,
+    failure: FailurePolicy,
+    fallback: Option<MemoryStore<Vec<u8>>>,
+    negative: Option<NegativeCache>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.inner;
+        f.debug_struct("RedisStore")
+            .field("policy", &s.policy)
+            .field("prefix", &String::from_utf8_lossy(&s.prefix))
+            .field("deadline", &s.deadline)
+            .field("failure", &s.failure)
+            .field("breaker", &s.breaker.state())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Releases a half-open probe whose call was dropped before it finished.
+struct PermitGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Permit,
+    done: bool,
+}
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.breaker.abandon(self.permit);
+        }
+    }
+}
+
+impl Shared {
+    /// One script call under the deadline and the breaker.
+    pub(super) async fn guarded_call(
+        &self,
+        key: &[u8],
+        mode: Mode,
+        cost: u64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let Some(permit) = self.breaker.permit() else {
+            return Err(StoreError::CircuitOpen);
+        };
+        let mut guard = PermitGuard {
+            breaker: &self.breaker,
+            permit,
+            done: false,
+        };
+        let inv = script::invocation(key, mode, cost, None, &self.limits);
+        let result = match tokio::time::timeout(self.deadline, self.conn.invoke(&inv)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(self.deadline)),
+        };
+        guard.done = true;
+        match &result {
+            Ok(_) => self.breaker.success(permit),
+            Err(e) => self.breaker.failure(permit, e),
+        }
+        result
+    }
+
+    async fn decide(&self, key: Vec<u8>, mode: Mode, cost: u64) -> Result<Decision, StoreError> {
+        let sent = Instant::now();
+        let result = match self.guarded_call(&key, mode, cost).await {
+            Ok(reply) => script::decode_decision(&reply, &self.policy).map(|(d, _)| d),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(d) => {
+                if let (Mode::Check, Some(n), Outcome::Denied { .. }) =
+                    (mode, &self.negative, d.outcome)
+                {
+                    n.insert(key, cost, sent, d);
+                }
+                Ok(d)
+            }
+            Err(e) => Ok(self.on_failure(&key, mode, cost, &e)),
+        }
+    }
+
+    fn on_failure(&self, key: &Vec<u8>, mode: Mode, cost: u64, e: &StoreError) -> Decision {
+        if matches!(e, StoreError::CircuitOpen) {
+            tracing::trace!(target: "tollgate::redis", "circuit open: failure policy decides");
+        } else {
+            tracing::debug!(target: "tollgate::redis", error = %e, policy = ?self.failure, "Redis call failed: failure policy decides");
+        }
+        let n = self.policy.limits().len();
+        match self.failure {
+            FailurePolicy::FailOpen => Decision::without_state(
+                Outcome::Allowed {
+                    wait: Duration::ZERO,
+                },
+                Source::FailOpen,
+                n,
+            ),
+            FailurePolicy::FailClosed { retry_after } => {
+                Decision::without_state(Outcome::Denied { retry_after }, Source::FailClosed, n)
+            }
+            FailurePolicy::LocalFallback { .. } => match &self.fallback {
+                Some(fb) => {
+                    let d = if mode == Mode::Peek {
+                        fb.peek(key, cost)
+                    } else {
+                        fb.check(key, cost)
+                    };
+                    d.with_source(Source::Fallback)
+                }
+                None => Decision::without_state(
+                    Outcome::Allowed {
+                        wait: Duration::ZERO,
+                    },
+                    Source::FailOpen,
+                    n,
+                ),
+            },
+        }
+    }
+}
+
+impl RedisStore {
+    /// Starts building a store for `policy`.
+    pub fn builder(policy: impl Into<Policy>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            policy: policy.into(),
+            namespace: "tollgate".into(),
+            deadline: Duration::from_millis(20),
+            breaker_failures: 3,
+            breaker_cooldown: Duration::from_millis(500),
+            failure: FailurePolicy::default(),
+            negative_cache: 10_000,
+        }
+    }
+
+    /// A store with the default settings on `connection`.
+    pub fn new(
+        policy: impl Into<Policy>,
+        connection: impl Into<RedisConnection>,
+    ) -> Result<Self, ConfigError> {
+        Self::builder(policy).build(connection)
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The circuit breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// The Redis key holding `key`'s state: `{namespace}:v1:{policy fingerprint}:{material}`
+    /// where the material is the key's [`KeyBytes`], or `#` and their SHA-1 in hex when
+    /// they are longer than 64 bytes or hold anything but printable ASCII (or `{`, `}`,
+    /// `#`).
+    pub fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
+        keys::redis_key(&self.inner.prefix, key)
+    }
+
+    /// **Test-only**: decides and charges at an explicit time, `now_ns` nanoseconds since
+    /// the Unix epoch (truncated to whole microseconds), instead of the server's clock.
+    /// No deadline, breaker, negative cache or failure policy: errors are returned. Do not
+    /// mix with calls on the server's clock for the same key. State written this way gets
+    /// 60 s of extra TTL, as the fake time does not pass with the real one.
+    pub async fn check_at<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<Decision, StoreError> {
+        self.raw(key, Mode::Check, cost, now_ns).await
+    }
+
+    /// **Test-only**: [`RedisStore::check_at`] without charging.
+    pub async fn peek_at<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<Decision, StoreError> {
+        self.raw(key, Mode::Peek, cost, now_ns).await
+    }
+
+    /// **Test-only**: gives back `cost` units at an explicit time (see
+    /// [`RedisStore::check_at`]) and waits for Redis to confirm.
+    pub async fn refund_at<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<(), StoreError> {
+        let k = self.redis_key(key);
+        let inv = script::invocation(&k, Mode::Refund, cost, Some(now_ns), &self.inner.limits);
+        self.inner.conn.invoke(&inv).await.map(|_| ())
+    }
+
+    async fn raw<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        mode: Mode,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<Decision, StoreError> {
+        let k = self.redis_key(key);
+        let inv = script::invocation(&k, mode, cost, Some(now_ns), &self.inner.limits);
+        let reply = self.inner.conn.invoke(&inv).await?;
+        script::decode_decision(&reply, &self.inner.policy).map(|(d, _)| d)
+    }
+
+    fn call(&self, key: Vec<u8>, mode: Mode, cost: u64) -> CheckFuture {
+        if mode == Mode::Check {
+            if let Some(d) = self
+                .inner
+                .negative
+                .as_ref()
+                .and_then(|n| n.lookup(&key, cost))
+            {
+                return CheckFuture::ready(Ok(d));
+            }
+        }
+        let shared = self.inner.clone();
+        CheckFuture::boxed(async move { shared.decide(key, mode, cost).await })
+    }
+}
+
+impl<K: KeyBytes + 'static> Store<K> for RedisStore {
+    fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    fn check(&self, key: &K, cost: u64) -> CheckFuture {
+        self.call(self.redis_key(key), Mode::Check, cost)
+    }
+
+    fn peek(&self, key: &K, cost: u64) -> CheckFuture {
+        self.call(self.redis_key(key), Mode::Peek, cost)
+    }
+
+    /// Sends the refund in the background (when called inside a tokio runtime; otherwise
+    /// it is dropped) and forgets the key's remembered refusal.
+    fn refund(&self, key: &K, cost: u64) {
+        let k = self.redis_key(key);
+        if let Some(n) = &self.inner.negative {
+            n.remove(&k);
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.inner.clone();
+        handle.spawn(async move {
+            if let Err(e) = shared.guarded_call(&k, Mode::Refund, cost).await {
+                tracing::debug!(target: "tollgate::redis", error = %e, "refund not sent to Redis");
+            }
+        });
+    }
+}

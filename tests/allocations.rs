@@ -1,0 +1,117 @@
+#![allow(unsafe_code)] // a counting global allocator: `GlobalAlloc` is an unsafe trait
+//! The in-memory path allocates no boxed future: counted with a global allocator, a request
+//! through the layer makes no more allocations than the same request without it (IETF
+//! headers off), and exactly one more with the `RateLimit` field (its formatted value). A
+//! refusal allocates no more than an admission plus its response.
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    convert::Infallible,
+    future::Future,
+    sync::atomic::{AtomicUsize, Ordering},
+    task::{Context, Poll, Waker},
+};
+
+use http::{Request, Response};
+use http_body_util::Full;
+use tollgate::{key::Global, Quota, RateLimitLayer};
+use tower::{Service, ServiceBuilder};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+type Body = Full<bytes::Bytes>;
+
+/// Allocations made by one `call` polled to completion (the inner service is always ready).
+fn allocations<S, F>(svc: &mut S) -> usize
+where
+    S: Service<Request<Body>, Future = F>,
+    F: Future,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let req = Request::new(Body::default());
+    let before = ALLOCS.load(Ordering::Relaxed);
+    assert!(svc.poll_ready(&mut cx).is_ready());
+    let mut fut = std::pin::pin!(svc.call(req));
+    let out = loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            break out;
+        }
+    };
+    let after = ALLOCS.load(Ordering::Relaxed);
+    drop(out);
+    after - before
+}
+
+/// Like an axum handler's response, it already carries a header (so its header map exists).
+fn handler(_: Request<Body>) -> std::future::Ready<Result<Response<Body>, Infallible>> {
+    let mut r = Response::new(Body::default());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    std::future::ready(Ok(r))
+}
+
+fn layered(quota: Quota, ietf: bool) -> impl Service<Request<Body>> {
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .token_bucket(quota)
+        .ietf_headers(ietf)
+        .build()
+        .unwrap();
+    ServiceBuilder::new().layer(layer).service_fn(handler)
+}
+
+#[test]
+fn memory_path_allocates_no_boxed_future() {
+    // Everything runs inside this one test so the counts are not disturbed by others.
+    let mut bare = ServiceBuilder::new().service_fn(handler);
+    let mut plain = layered(Quota::per_second(1_000_000).unwrap(), false);
+    let mut headers = layered(Quota::per_second(1_000_000).unwrap(), true);
+    // Warm up: first-use allocations (the key's entry in the store, lazy statics).
+    for _ in 0..3 {
+        allocations(&mut bare);
+        allocations(&mut plain);
+        allocations(&mut headers);
+    }
+    let base = allocations(&mut bare);
+    assert_eq!(
+        allocations(&mut plain),
+        base,
+        "no allocation of its own without headers"
+    );
+    // The RateLimit value is formatted per response (one exact-size copy); RateLimit-Policy
+    // is preformatted and shared.
+    let with_headers = allocations(&mut headers);
+    assert_eq!(
+        with_headers,
+        base + 1,
+        "{with_headers} allocations vs {base} bare"
+    );
+
+    // A refusal: no inner call, one response built by the middleware.
+    let mut refusing = layered(Quota::per_minute(1).unwrap(), true);
+    allocations(&mut refusing); // admitted, inserts the key
+    let refused = allocations(&mut refusing);
+    let admitted_total = with_headers;
+    eprintln!("allocations: bare {base}, admitted {admitted_total}, refused {refused}");
+    assert!(
+        refused <= admitted_total + 1,
+        "refusal {refused} vs admission {admitted_total}"
+    );
+}

@@ -1,0 +1,380 @@
+//! End to end: a real axum server on 127.0.0.1:0, a real HTTP client, each policy's counts
+//! and every header's exact value at the edges.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::{routing::get, Extension, Router};
+use support::{client, get as fetch, serve};
+use tollgate::{cost_fn, key::PeerIp, Decision, Limit, MissingKey, Quota, RateLimitLayer};
+
+fn per_ip() -> tollgate::Builder<PeerIp, tollgate::UnitCost> {
+    RateLimitLayer::builder().key(PeerIp::new())
+}
+
+#[tokio::test]
+async fn token_bucket_counts_and_headers() {
+    let layer = per_ip()
+        .token_bucket(Quota::per_second(5).unwrap().with_burst(10).unwrap())
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let mut got = Vec::new();
+    for _ in 0..12 {
+        got.push(fetch(&c, &url, &[]).await);
+    }
+    let statuses: Vec<u16> = got.iter().map(|g| g.status).collect();
+    // The burst of 10 passes; the refill in the few ms the loop takes is far below 1 unit.
+    assert_eq!(statuses, [vec![200; 10], vec![429; 2]].concat());
+
+    // Allowed responses: the static policy and the remaining count, t = 1 s to the next unit.
+    assert_eq!(
+        got[0].header("ratelimit-policy"),
+        Some("\"5-per-1s\";q=5;w=1")
+    );
+    assert_eq!(got[0].header("ratelimit"), Some("\"5-per-1s\";r=9;t=1"));
+    assert_eq!(got[9].header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
+    assert_eq!(got[0].header("retry-after"), None);
+
+    // Refusal: the wait is under 200 ms, and Retry-After rounds it up to 1, never 0.
+    let refused = &got[10];
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(refused.header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
+    assert_eq!(
+        refused.header("ratelimit-policy"),
+        Some("\"5-per-1s\";q=5;w=1")
+    );
+    assert_eq!(
+        refused.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(refused.header("cache-control"), Some("no-store"));
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["violated-policies"], serde_json::json!(["5-per-1s"]));
+}
+
+#[tokio::test]
+async fn strict_meter_admits_one_then_refuses() {
+    let layer = per_ip()
+        .leaky_meter(Quota::per_second(5).unwrap())
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let first = fetch(&c, &url, &[]).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
+    let second = fetch(&c, &url, &[]).await;
+    assert_eq!(second.status, 429);
+    assert_eq!(second.header("retry-after"), Some("1"));
+}
+
+#[tokio::test]
+async fn queue_delays_then_refuses() {
+    // 20 per second (one slot every 50 ms), queue of 4: 5 concurrent requests are served
+    // at 0, 50, 100, 150, 200 ms; the rest are refused at once.
+    let layer = per_ip()
+        .leaky_queue(Quota::per_second(20).unwrap(), 4)
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let g = fetch(&c, &url, &[]).await;
+                (g.status, start.elapsed())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let ok: Vec<Duration> = results.iter().filter(|r| r.0 == 200).map(|r| r.1).collect();
+    let refused: Vec<Duration> = results.iter().filter(|r| r.0 == 429).map(|r| r.1).collect();
+    assert_eq!((ok.len(), refused.len()), (5, 3));
+    let slowest = ok.iter().max().unwrap();
+    assert!(
+        *slowest >= Duration::from_millis(190),
+        "last queued served at {slowest:?}"
+    );
+    assert!(
+        refused.iter().all(|d| *d < Duration::from_millis(150)),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_in_whole_seconds_for_long_waits() {
+    let layer = per_ip()
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let first = fetch(&c, &url, &[]).await;
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"1-per-1m\";q=1;w=60")
+    );
+    assert_eq!(first.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("0"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let reset: u64 = first.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(
+        (now + 59..=now + 61).contains(&reset),
+        "reset {reset} vs now {now}"
+    );
+    let refused = fetch(&c, &url, &[]).await;
+    assert_eq!(refused.status, 429);
+    // 60 s minus the few ms since the first request, rounded up.
+    assert_eq!(refused.header("retry-after"), Some("60"));
+    assert_eq!(refused.header("ratelimit"), Some("\"1-per-1m\";r=0;t=60"));
+}
+
+#[tokio::test]
+async fn several_quotas_one_item_each() {
+    let layer = per_ip()
+        .limit(
+            Limit::token_bucket(Quota::per_second(10).unwrap())
+                .unwrap()
+                .named("burst")
+                .unwrap(),
+        )
+        .limit(
+            Limit::token_bucket(Quota::per_day(3).unwrap())
+                .unwrap()
+                .named("daily")
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let first = fetch(&c, &url, &[]).await;
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"burst\";q=10;w=1, \"daily\";q=3;w=86400")
+    );
+    assert_eq!(
+        first.header("ratelimit"),
+        Some("\"burst\";r=9;t=1, \"daily\";r=2;t=28800")
+    );
+    fetch(&c, &url, &[]).await;
+    fetch(&c, &url, &[]).await;
+    let refused = fetch(&c, &url, &[]).await;
+    assert_eq!(refused.status, 429);
+    let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(body["violated-policies"], serde_json::json!(["daily"]));
+    // The per-second bucket was not charged by the refusal: 7 left after three requests.
+    assert!(
+        refused
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"burst\";r=7;"),
+        "{:?}",
+        refused.header("ratelimit")
+    );
+}
+
+#[tokio::test]
+async fn per_route_limits_are_independent_and_a_shared_layer_is_one_limit() {
+    let quota = Quota::per_minute(2).unwrap();
+    let a = per_ip().token_bucket(quota).build().unwrap();
+    let b = per_ip().token_bucket(quota).build().unwrap();
+    let shared = per_ip().token_bucket(quota).build().unwrap();
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }).layer(a))
+        .route("/b", get(|| async { "b" }).layer(b))
+        .route("/c", get(|| async { "c" }).layer(shared.clone()))
+        .route("/d", get(|| async { "d" }).layer(shared));
+    let addr = serve(app).await;
+    let c = client();
+    let status = |path: &'static str| {
+        let (c, url) = (c.clone(), format!("http://{addr}{path}"));
+        async move { fetch(&c, &url, &[]).await.status }
+    };
+    assert_eq!(
+        (status("/a").await, status("/a").await, status("/a").await),
+        (200, 200, 429)
+    );
+    assert_eq!(
+        (status("/b").await, status("/b").await),
+        (200, 200),
+        "/b has its own limit"
+    );
+    // /c and /d carry one layer value: one limit between them.
+    assert_eq!(
+        (
+            status("/c").await,
+            status("/d").await,
+            status("/c").await,
+            status("/d").await
+        ),
+        (200, 200, 429, 429)
+    );
+}
+
+#[tokio::test]
+async fn router_layer_and_route_layer_work() {
+    let layer = per_ip()
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/x", get(|| async { "x" }))
+        .route("/y", get(|| async { "y" }))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let c = client();
+    assert_eq!(
+        fetch(&c, &format!("http://{addr}/x"), &[]).await.status,
+        200
+    );
+    assert_eq!(
+        fetch(&c, &format!("http://{addr}/y"), &[]).await.status,
+        429
+    );
+    // route_layer does not apply to unmatched paths: a 404 stays a 404.
+    assert_eq!(
+        fetch(&c, &format!("http://{addr}/nope"), &[]).await.status,
+        404
+    );
+}
+
+#[tokio::test]
+async fn cost_that_never_fits_is_refused_without_retry_after() {
+    let layer = per_ip()
+        .token_bucket(Quota::per_second(5).unwrap())
+        .cost(cost_fn(|req: &http::Request<axum::body::Body>| {
+            req.headers()
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        }))
+        .build()
+        .unwrap();
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let big = fetch(&c, &url, &[("x-cost", "6")]).await;
+    assert_eq!(big.status, 429);
+    assert_eq!(big.header("retry-after"), None);
+    assert!(big.body.contains("can ever admit"), "{}", big.body);
+    let three = fetch(&c, &url, &[("x-cost", "3")]).await;
+    assert_eq!(three.header("ratelimit"), Some("\"5-per-1s\";r=2;t=1"));
+}
+
+#[tokio::test]
+async fn handlers_read_the_decision_from_extensions() {
+    let layer = per_ip()
+        .token_bucket(Quota::per_second(5).unwrap())
+        .expose_decision(true)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(d): Extension<Decision>| async move {
+                format!("remaining={}", d.remaining())
+            }),
+        )
+        .layer(layer);
+    let addr = serve(app).await;
+    let c = client();
+    assert_eq!(
+        fetch(&c, &format!("http://{addr}/"), &[]).await.body,
+        "remaining=4"
+    );
+    assert_eq!(
+        fetch(&c, &format!("http://{addr}/"), &[]).await.body,
+        "remaining=3"
+    );
+}
+
+#[tokio::test]
+async fn missing_key_policies() {
+    use tollgate::key::HeaderKey;
+    let shared = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .build()
+        .unwrap();
+    let reject = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .on_missing_key(MissingKey::Reject(http::StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
+    let allow = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .on_missing_key(MissingKey::Allow)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/shared", get(|| async { "" }).layer(shared))
+        .route("/reject", get(|| async { "" }).layer(reject))
+        .route("/allow", get(|| async { "" }).layer(allow));
+    let addr = serve(app).await;
+    let c = client();
+    let s = |p: &str| format!("http://{addr}{p}");
+    // Default: keyless requests share one bucket (never silently unlimited).
+    assert_eq!(fetch(&c, &s("/shared"), &[]).await.status, 200);
+    assert_eq!(fetch(&c, &s("/shared"), &[]).await.status, 429);
+    assert_eq!(
+        fetch(&c, &s("/shared"), &[("x-api-key", "k1")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(fetch(&c, &s("/reject"), &[]).await.status, 401);
+    for _ in 0..3 {
+        assert_eq!(fetch(&c, &s("/allow"), &[]).await.status, 200);
+    }
+}

@@ -1,0 +1,105 @@
+//! The same semantics through a 3-node Redis Cluster: equivalence with the in-memory
+//! store, TTL, several limits in one slot-safe key, clients spread over the shards.
+#![cfg(feature = "redis")]
+
+#[path = "support/equiv.rs"]
+mod equiv;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::{collections::HashSet, time::Duration};
+
+use equiv::{compare, ops_strategy, policy_strategy};
+use proptest::test_runner::{Config, TestRunner};
+use redis::AsyncCommands;
+use redis_support::RedisCluster;
+use tollgate::{
+    store::{RedisConnection, RedisStore, Store},
+    Limit, Policy, Quota, Source,
+};
+
+#[test]
+fn semantics_through_a_cluster() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt
+        .block_on(RedisConnection::connect_cluster(cluster.urls()))
+        .unwrap();
+
+    // Equivalence on random sequences.
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(
+                policy_strategy(),
+                ops_strategy(),
+                1_750_000_000_000_000u64..1_760_000_000_000_000u64,
+            ),
+            |(policy, ops, start)| {
+                let store = RedisStore::builder(policy.clone())
+                    .build(conn.clone())
+                    .unwrap();
+                rt.block_on(compare(&store, &policy, start, &ops))
+            },
+        )
+        .unwrap();
+
+    rt.block_on(async {
+        let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+        let mut admin = client.get_async_connection().await.unwrap();
+
+        // Several limits, one key, TTL = time to fresh.
+        let policy = Policy::new(
+            Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
+        )
+        .and(Limit::fixed_window(Quota::per_minute(100).unwrap()).unwrap())
+        .unwrap();
+        let store = RedisStore::builder(policy).build(conn.clone()).unwrap();
+        let mut slots = HashSet::new();
+        for i in 0..40 {
+            let key = format!("cluster-client-{i}");
+            let d = store.check(&key, 2).await.unwrap();
+            assert_eq!(d.source(), Source::Store);
+            assert!(d.is_allowed());
+            let rkey = store.redis_key(key.as_str());
+            let raw: String = admin.get(&rkey).await.unwrap();
+            let words: Vec<u64> = raw.split(' ').map(|w| w.parse().unwrap()).collect();
+            assert_eq!(words.len(), 4, "{raw}");
+            assert_eq!(words[1], 200_000_000, "fill of 2 units at 100 ms each");
+            assert_eq!(words[3], 2);
+            let pttl: i64 = admin.pttl(&rkey).await.unwrap();
+            let expect = d.reset_after().as_nanos().div_ceil(1_000_000) as i64;
+            assert!(
+                (expect - 50..=expect).contains(&pttl),
+                "PTTL {pttl} vs {expect}"
+            );
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&rkey)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            slots.insert(slot);
+        }
+        assert!(
+            slots.len() > 30,
+            "clients spread over slots: {}",
+            slots.len()
+        );
+
+        // Exhaust one client through the cluster; a refusal writes nothing.
+        let key = "cluster-hot";
+        while store.check(&key, 1).await.unwrap().is_allowed() {}
+        let d = store.peek(&key, 1).await.unwrap();
+        assert!(!d.is_allowed());
+        assert!(d.retry_after().unwrap() <= Duration::from_millis(100));
+    });
+}

@@ -1,0 +1,150 @@
+//! Local-first mode: two instances deciding locally and reconciling with Redis every
+//! 100 ms stay within the documented overshoot bound; with Redis gone each keeps limiting
+//! on its own.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use redis_support::RedisServer;
+use tollgate::{
+    store::{LocalFirstStore, RedisConnection, Store},
+    Limit, Quota, Source,
+};
+
+const RATE: u64 = 100;
+const BURST: u64 = 20;
+const INTERVAL: Duration = Duration::from_millis(100);
+
+async fn hammer(stores: &[LocalFirstStore], key: &str, dur: Duration) -> Vec<u64> {
+    let counts: Vec<Arc<AtomicU64>> = stores.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let end = Instant::now() + dur;
+    let mut tasks = Vec::new();
+    for (store, count) in stores.iter().zip(&counts) {
+        for _ in 0..4 {
+            let (store, count, key) = (store.clone(), count.clone(), key.to_string());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let d = store.check(&key, 1).await.unwrap();
+                    assert_eq!(d.source(), Source::Local);
+                    if d.is_allowed() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    counts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_stay_within_the_bound_and_limit_alone_without_redis() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let limit =
+        Limit::token_bucket(Quota::per_second(RATE).unwrap().with_burst(BURST).unwrap()).unwrap();
+    let mut stores = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let conn = RedisConnection::connect(&server.url()).await.unwrap();
+        let s = LocalFirstStore::new(limit.clone(), conn, INTERVAL).unwrap();
+        tasks.push(s.start().expect("starts inside a runtime"));
+        assert!(s.start().is_none(), "started once");
+        stores.push(s);
+    }
+    let calls_before = server.calls("evalsha");
+
+    // Redis reachable: 5 s of both instances hammering one key.
+    let d = Duration::from_secs(5);
+    let start = Instant::now();
+    let per = hammer(&stores, "shared", d).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let total: u64 = per.iter().sum();
+    let n = stores.len() as f64;
+    // Documented: b + r*D + N*(b + r*(interval + latency)); latency taken as one interval.
+    let bound = BURST as f64
+        + RATE as f64 * elapsed
+        + n * (BURST as f64 + RATE as f64 * 2.0 * INTERVAL.as_secs_f64());
+    let exact = BURST as f64 + RATE as f64 * elapsed;
+    let syncs = server.calls("evalsha") - calls_before;
+    eprintln!(
+        "local-first: admitted {per:?} = {total} over {elapsed:.2} s; exact limit {exact:.0}, \
+         overshoot {:.1} ({:.1}%), bound {bound:.0}; {syncs} sync calls",
+        total as f64 - exact,
+        100.0 * (total as f64 - exact) / exact
+    );
+    assert!((total as f64) <= bound, "{total} > bound {bound}");
+    assert!(
+        total as f64 >= 0.9 * RATE as f64 * elapsed,
+        "limited far below the rate: {total}"
+    );
+    assert!(per.iter().all(|&c| c > 0));
+    assert!(
+        syncs > 0 && syncs < 2 * 60,
+        "{syncs} sync calls: one per key per interval per instance"
+    );
+
+    // Redis gone: each instance keeps limiting on its own, at most its burst plus the rate.
+    server.kill();
+    let d = Duration::from_secs(1);
+    let per = hammer(&stores, "alone", d).await;
+    let cap = (BURST + RATE) as f64 * 1.1;
+    eprintln!("local-first without Redis: admitted {per:?} in 1 s each (cap {cap:.0} each)");
+    for &c in &per {
+        assert!(c as f64 <= cap && c >= BURST, "{c}");
+    }
+    for s in &stores {
+        let (rounds, failed) = s.sync_stats();
+        assert!(rounds > 0 && failed > 0, "{rounds} rounds, {failed} failed");
+    }
+    for t in tasks {
+        t.stop();
+    }
+}
+
+#[test]
+fn no_runtime_no_panic() {
+    // Built and used outside any runtime: decisions still work, nothing is spawned.
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt
+        .block_on(RedisConnection::connect(&server.url()))
+        .unwrap();
+    let limit = Limit::token_bucket(Quota::per_second(2).unwrap()).unwrap();
+    let store = LocalFirstStore::new(limit, conn, INTERVAL).unwrap();
+    assert!(store.start().is_none());
+    assert!(store.check_local("k", 1).is_allowed());
+    assert!(store.check_local("k", 1).is_allowed());
+    assert!(!store.check_local("k", 1).is_allowed());
+    // One explicit round pushes the 2 units; a second instance then sees them.
+    let n = rt.block_on(store.sync()).unwrap();
+    assert_eq!(n, 1);
+    let conn2 = rt
+        .block_on(RedisConnection::connect(&server.url()))
+        .unwrap();
+    let other = LocalFirstStore::new(store.policy().clone(), conn2, INTERVAL).unwrap();
+    let _ = other.check_local("k", 0);
+    rt.block_on(other.sync()).unwrap();
+    assert!(
+        !other.check_local("k", 1).is_allowed(),
+        "the other instance pulled the shared state"
+    );
+}

@@ -1,0 +1,264 @@
+//! The Redis store decides exactly like the in-memory store; keys expire when fresh and
+//! hold exact integers; quotas the script cannot decide exactly are refused.
+#![cfg(feature = "redis")]
+
+#[path = "support/equiv.rs"]
+mod equiv;
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::time::Duration;
+
+use equiv::{compare, ops_strategy, policy_strategy};
+use proptest::test_runner::{Config, TestRunner};
+use redis_support::Target;
+use tollgate::{
+    store::{RedisConnection, RedisStore, Store},
+    ConfigError, Limit, Outcome, Policy, Quota, Source,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn equivalent_to_memory_store() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    let conn = rt
+        .block_on(RedisConnection::connect(&target.url()))
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 100,
+        ..Config::default()
+    });
+    // Around today's Unix time in µs, so window alignment sees realistic magnitudes.
+    let start = 1_750_000_000_000_000u64..1_760_000_000_000_000u64;
+    runner
+        .run(
+            &(policy_strategy(), ops_strategy(), start),
+            |(policy, ops, start)| {
+                let store = RedisStore::builder(policy.clone())
+                    .build(conn.clone())
+                    .unwrap();
+                rt.block_on(compare(&store, &policy, start, &ops))
+            },
+        )
+        .unwrap();
+}
+
+/// Hand-picked boundaries: a full bucket admits exactly `burst`, retry-after is exact to
+/// the nanosecond, windows reset at their edge.
+#[test]
+fn boundaries_match() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let policy = Policy::new(
+            Limit::token_bucket(Quota::per_second(3).unwrap().with_burst(2).unwrap()).unwrap(),
+        )
+        .and(Limit::sliding_window(Quota::per_minute(5).unwrap()).unwrap())
+        .unwrap()
+        .and(Limit::fixed_window(Quota::new(4, Duration::from_millis(700)).unwrap()).unwrap())
+        .unwrap();
+        let store = RedisStore::builder(policy.clone()).build(conn).unwrap();
+        let t0 = 1_755_000_000_123_456u64;
+        let mut ops = vec![(0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 7)];
+        // Walk to exactly the retry-after of the third request and around it.
+        for _ in 0..40 {
+            ops.push((1, 1, 7));
+        }
+        ops.extend([
+            (333_333, 1, 0),
+            (0, 1, 0),
+            (59_000_000, 2, 0),
+            (1, 9, 0),
+            (0, 3, 9),
+            (0, 1, 0),
+        ]);
+        compare(&store, &policy, t0, &ops).await.unwrap();
+    });
+}
+
+#[test]
+fn refuses_quotas_it_cannot_decide_exactly() {
+    // No server needed: the policy is checked when the store is built.
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    let conn = rt
+        .block_on(RedisConnection::connect(&target.url()))
+        .unwrap();
+    let build = |l: Limit| RedisStore::builder(Policy::new(l)).build(conn.clone());
+    let sub_us = Limit::fixed_window(Quota::new(1, Duration::from_nanos(1_500)).unwrap()).unwrap();
+    assert!(matches!(build(sub_us), Err(ConfigError::Store(_))));
+    let big_window = Limit::sliding_window(Quota::per_day(100_000).unwrap()).unwrap();
+    assert!(matches!(build(big_window), Err(ConfigError::Store(_))));
+    let ok_window = Limit::sliding_window(Quota::per_day(20_000).unwrap()).unwrap();
+    assert!(build(ok_window).is_ok());
+    let long_bucket =
+        Limit::token_bucket(Quota::per_day(1).unwrap().with_burst(30).unwrap()).unwrap();
+    assert!(matches!(build(long_bucket), Err(ConfigError::Store(_))));
+    let ok_bucket =
+        Limit::token_bucket(Quota::per_day(10_000).unwrap().with_burst(10_000).unwrap()).unwrap();
+    assert!(build(ok_bucket).is_ok());
+    let limit = Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap();
+    assert!(RedisStore::builder(limit.clone())
+        .namespace("a{b")
+        .build(conn.clone())
+        .is_err());
+    assert!(RedisStore::builder(limit)
+        .deadline(Duration::ZERO)
+        .build(conn)
+        .is_err());
+}
+
+async fn cmd<T: redis::FromRedisValue>(
+    con: &mut redis::aio::MultiplexedConnection,
+    args: &[&[u8]],
+) -> T {
+    let mut c = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query_async(con).await.unwrap()
+}
+
+#[test]
+fn ttl_is_time_to_fresh_and_values_are_integers() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let client = redis::Client::open(target.url()).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        // 10/s, burst 5: three requests fill 300 ms.
+        let policy = Policy::new(
+            Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
+        );
+        let store = RedisStore::builder(policy)
+            .namespace("ttl-test")
+            .build(conn.clone())
+            .unwrap();
+        let key = format!("ttl-{}", std::process::id());
+        let rkey = store.redis_key(key.as_str());
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(store.check(&key, 1).await.unwrap());
+        }
+        let last = last.unwrap();
+        assert_eq!(last.source(), Source::Store);
+        let pttl: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
+        let expect_ms = last.reset_after().as_nanos().div_ceil(1_000_000) as i64;
+        assert!(
+            (expect_ms - 2..=expect_ms).contains(&pttl),
+            "PTTL {pttl} vs time to full {expect_ms} ms"
+        );
+        eprintln!("PTTL {pttl} ms, time to full {expect_ms} ms");
+
+        // The stored value is plain integers: write time (µs) and fill (ns) = reset_after.
+        let raw: String = cmd(&mut con, &[b"GET", &rkey]).await;
+        let words: Vec<u64> = raw
+            .split(' ')
+            .map(|w| w.parse().expect("integer"))
+            .collect();
+        assert_eq!(words.len(), 2, "{raw}");
+        assert_eq!(words[1], last.reset_after().as_nanos() as u64, "{raw}");
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+        let server_us = secs * 1_000_000 + micros;
+        assert!(
+            server_us - words[0] < 1_000_000,
+            "write time {} vs server {}",
+            words[0],
+            server_us
+        );
+
+        // Exhaust, then a refusal does not extend the TTL.
+        while store.check(&key, 1).await.unwrap().is_allowed() {}
+        let before: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
+        let raw_before: String = cmd(&mut con, &[b"GET", &rkey]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let no_cache = RedisStore::builder(store.policy().clone())
+            .namespace("ttl-test")
+            .negative_cache(0)
+            .build(conn.clone())
+            .unwrap();
+        let refused = no_cache.check(&key, 1).await.unwrap();
+        assert!(!refused.is_allowed());
+        let after: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
+        let raw_after: String = cmd(&mut con, &[b"GET", &rkey]).await;
+        assert_eq!(raw_before, raw_after, "a refusal writes nothing");
+        assert!(
+            after <= before - 15,
+            "refusal extended the TTL: {before} -> {after}"
+        );
+
+        // A short quota: the key disappears once the bucket is full again.
+        let short =
+            RedisStore::builder(Limit::token_bucket(Quota::per_second(100).unwrap()).unwrap())
+                .namespace("ttl-test")
+                .build(conn.clone())
+                .unwrap();
+        assert!(short.check(&key, 2).await.unwrap().is_allowed());
+        let skey = short.redis_key(key.as_str());
+        let exists: i64 = cmd(&mut con, &[b"EXISTS", &skey]).await;
+        assert_eq!(exists, 1);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let exists: i64 = cmd(&mut con, &[b"EXISTS", &skey]).await;
+        assert_eq!(exists, 0, "idle key still there after its 20 ms to full");
+
+        // Several limits: one key, all words integers.
+        let multi = RedisStore::builder(
+            Policy::new(Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap())
+                .and(Limit::sliding_window(Quota::per_minute(100).unwrap()).unwrap())
+                .unwrap()
+                .and(Limit::fixed_window(Quota::per_hour(1000).unwrap()).unwrap())
+                .unwrap(),
+        )
+        .namespace("ttl-test")
+        .build(conn)
+        .unwrap();
+        let d = multi.check(&key, 3).await.unwrap();
+        assert!(d.is_allowed());
+        let mkey = multi.redis_key(key.as_str());
+        let raw: String = cmd(&mut con, &[b"GET", &mkey]).await;
+        let words: Vec<u64> = raw
+            .split(' ')
+            .map(|w| w.parse().expect("integer"))
+            .collect();
+        assert_eq!(words.len(), 1 + 1 + 3 + 2, "{raw}");
+        assert_eq!(words[1], d.limits()[0].reset_after().as_nanos() as u64);
+        assert_eq!(words[4], 3);
+        assert_eq!(words[6], 3);
+        let pttl: i64 = cmd(&mut con, &[b"PTTL", &mkey]).await;
+        let expect_ms = d.reset_after().as_nanos().div_ceil(1_000_000) as i64;
+        assert!(
+            (expect_ms - 5..=expect_ms).contains(&pttl),
+            "PTTL {pttl} vs {expect_ms}"
+        );
+    });
+}
+
+#[test]
+fn exceeds_and_source() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let store = RedisStore::new(
+            Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap(),
+            conn,
+        )
+        .unwrap();
+        let key = format!("exc-{}", std::process::id());
+        let d = Store::check(&store, &key, 6).await.unwrap();
+        assert_eq!(d.outcome(), Outcome::Exceeds);
+        assert_eq!(d.source(), Source::Store);
+        let d = Store::peek(&store, &key, 5).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+    });
+}

@@ -1,0 +1,87 @@
+//! Shared by the Redis tests: random policies and operation sequences, and the
+//! comparison of the Redis store with the in-memory store.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use proptest::{prelude::*, test_runner::TestCaseError};
+use tollgate::{
+    store::{MemoryStore, RedisStore},
+    Limit, Policy, Quota, Source,
+};
+
+pub fn limit_strategy() -> impl Strategy<Value = Limit> {
+    (0u8..5, 1u64..40, 1u64..3_000, 1u64..20, 0u32..8, 0u32..8).prop_map(
+        |(alg, limit, period_ms, burst, queue, nodelay)| {
+            let q = Quota::new(limit, Duration::from_millis(period_ms)).unwrap();
+            match alg {
+                0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
+                1 => Limit::leaky_meter(q),
+                2 => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
+                3 => Limit::fixed_window(q),
+                _ => Limit::sliding_window(q),
+            }
+            .unwrap()
+        },
+    )
+}
+
+pub fn policy_strategy() -> impl Strategy<Value = Policy> {
+    prop::collection::vec(limit_strategy(), 1..=3).prop_map(|l| Policy::from_limits(l).unwrap())
+}
+
+/// (gap in µs, cost, op: 0-6 check, 7-8 peek, 9 refund)
+pub fn ops_strategy() -> impl Strategy<Value = Vec<(u64, u64, u8)>> {
+    let gap = prop_oneof![Just(0u64), 0u64..2_000, 0u64..400_000];
+    let cost = prop_oneof![8 => 0u64..4, 1 => 4u64..60];
+    prop::collection::vec((gap, cost, 0u8..10), 1..60)
+}
+
+static KEY: AtomicU64 = AtomicU64::new(0);
+
+/// Runs one sequence on both stores and compares every decision.
+pub async fn compare(
+    store: &RedisStore,
+    policy: &Policy,
+    start_us: u64,
+    ops: &[(u64, u64, u8)],
+) -> Result<(), TestCaseError> {
+    let key = format!(
+        "eq-{}-{}",
+        std::process::id(),
+        KEY.fetch_add(1, Ordering::Relaxed)
+    );
+    let mem: MemoryStore<String> = MemoryStore::new(policy.clone());
+    let mut now = start_us * 1000;
+    for (i, &(gap, cost, op)) in ops.iter().enumerate() {
+        now += gap * 1000;
+        match op {
+            0..=6 => {
+                let r = store.check_at(&key, cost, now).await.unwrap();
+                let m = mem.check_at(&key, cost, now).with_source(Source::Store);
+                prop_assert_eq!(
+                    r,
+                    m,
+                    "check #{} cost {} at +{}ns\npolicy {:?}",
+                    i,
+                    cost,
+                    now - start_us * 1000,
+                    policy
+                );
+            }
+            7 | 8 => {
+                let r = store.peek_at(&key, cost, now).await.unwrap();
+                let m = mem.peek_at(&key, cost, now).with_source(Source::Store);
+                prop_assert_eq!(r, m, "peek #{} cost {}\npolicy {:?}", i, cost, policy);
+            }
+            _ => {
+                store.refund_at(&key, cost, now).await.unwrap();
+                mem.refund_at(&key, cost, now);
+            }
+        }
+    }
+    Ok(())
+}
