@@ -3,7 +3,9 @@
 //! Decisions use monotonic time in whole nanoseconds since the clock's own epoch, never
 //! wall-clock time, so a system clock jump cannot grant or deny anything. Three clocks:
 //!
-//! - [`MonotonicClock`], the default: `std::time::Instant`.
+//! - [`MonotonicClock`], the default: the CPU's invariant time-stamp counter, scaled to
+//!   nanoseconds (through [`quanta`], as `governor` does), or the OS monotonic clock
+//!   (`std::time::Instant`'s source) where the CPU has no usable counter.
 //! - [`ManualClock`]: moved by hand, for tests that reproduce decisions exactly.
 //! - [`TokioClock`]: follows tokio's clock, so `#[tokio::test(start_paused = true)]` and
 //!   `tokio::time::advance` drive the limiter and the delay queue's timers together.
@@ -21,9 +23,9 @@
 use std::{
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 /// A source of monotonic time in nanoseconds. See the [module docs](self).
@@ -32,18 +34,30 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> u64;
 }
 
-/// The default clock: `std::time::Instant`, epoch at construction. See the
+/// The process-wide counter source, calibrated once.
+static SOURCE: OnceLock<quanta::Clock> = OnceLock::new();
+
+/// The default clock: monotonic nanoseconds since its construction. See the
 /// [module docs](self).
+///
+/// On x86-64 with an invariant TSC (and on AArch64) it reads the CPU's counter and scales
+/// it to nanoseconds, which costs a fraction of a `clock_gettime` call (see
+/// `BENCHMARKS.md`); elsewhere it reads the OS monotonic clock. Either way it never goes
+/// backwards. The first clock built in a process calibrates the counter against the OS
+/// clock, a busy loop of 0.5 ms to at most 200 ms; later ones are free.
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
-    start: Instant,
+    source: &'static quanta::Clock,
+    start: u64,
 }
 
 impl MonotonicClock {
     /// A clock whose epoch is now.
     pub fn new() -> Self {
+        let source = SOURCE.get_or_init(quanta::Clock::new);
         MonotonicClock {
-            start: Instant::now(),
+            source,
+            start: source.raw(),
         }
     }
 }
@@ -57,7 +71,8 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        // Zero for a reading at or before the epoch; scaling is monotonic.
+        self.source.delta_as_nanos(self.start, self.source.raw())
     }
 }
 

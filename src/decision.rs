@@ -96,6 +96,7 @@ pub struct Decision {
 }
 
 impl Decision {
+    #[inline]
     pub(crate) fn single(outcome: Outcome, report: LimitReport) -> Self {
         let mut limits = [LimitReport::default(); MAX_LIMITS];
         limits[0] = report;

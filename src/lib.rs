@@ -90,6 +90,7 @@
 //! - `jwt`: [`key::BearerClaim`], a key from a bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![forbid(unsafe_code)]
 
 pub mod algorithm;
 pub mod clock;

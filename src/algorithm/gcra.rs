@@ -6,6 +6,8 @@
 //! `cap = tau + T` (+ `queue * T` for a queue). An admitted request waits
 //! `new_tat - now - free` where `free = tau + T + nodelay * T` (zero when negative).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::decision::{LimitReport, Outcome};
 
 /// Precomputed GCRA parameters, all in nanoseconds.
@@ -21,6 +23,16 @@ pub(crate) struct Gcra {
     pub(crate) free: u64,
 }
 
+/// One evaluation step, before anything is written: either the TAT to store (and the
+/// resulting `new_tat - now`), or a refusal with how full the bucket is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step {
+    /// Admitted once `new_tat` is stored.
+    Admit { new_tat: u64, diff: u64 },
+    /// Refused (`Denied` or `Exceeds`); `fill` is `max(tat, now) - now`.
+    Refuse { outcome: Outcome, fill: u64 },
+}
+
 impl Gcra {
     /// Evaluates a request. Returns the outcome, the new TAT to store when admitted, and
     /// the report.
@@ -31,30 +43,75 @@ impl Gcra {
         now: u64,
         cost: u64,
     ) -> (Outcome, Option<u64>, LimitReport) {
+        match self.step(tat, now, cost) {
+            Step::Admit { new_tat, diff } => {
+                let (outcome, report) = self.admitted(diff);
+                (outcome, Some(new_tat), report)
+            }
+            Step::Refuse { outcome, fill } => (outcome, None, self.report(fill, false)),
+        }
+    }
+
+    /// The decision function proper; see the module docs.
+    #[inline]
+    pub(crate) fn step(&self, tat: u64, now: u64, cost: u64) -> Step {
         let base = tat.max(now);
         let inc = match cost.checked_mul(self.t) {
             Some(inc) if inc <= self.cap => inc,
-            _ => return (Outcome::Exceeds, None, self.report(base - now, false)),
+            _ => {
+                return Step::Refuse {
+                    outcome: Outcome::Exceeds,
+                    fill: base - now,
+                }
+            }
         };
         let new_tat = base + inc;
         let diff = new_tat - now;
         if diff <= self.cap {
-            let wait = diff.saturating_sub(self.free);
-            (
-                Outcome::Allowed {
-                    wait: std::time::Duration::from_nanos(wait),
-                },
-                Some(new_tat),
-                self.report(diff, true),
-            )
+            Step::Admit { new_tat, diff }
         } else {
-            (
-                Outcome::Denied {
+            Step::Refuse {
+                outcome: Outcome::Denied {
                     retry_after: std::time::Duration::from_nanos(diff - self.cap),
                 },
-                None,
-                self.report(base - now, false),
-            )
+                fill: base - now,
+            }
+        }
+    }
+
+    /// Outcome and report of an admitted request whose new TAT is `diff` ahead of now.
+    #[inline]
+    pub(crate) fn admitted(&self, diff: u64) -> (Outcome, LimitReport) {
+        let wait = diff.saturating_sub(self.free);
+        (
+            Outcome::Allowed {
+                wait: std::time::Duration::from_nanos(wait),
+            },
+            self.report(diff, true),
+        )
+    }
+
+    /// Decides against a TAT held in an atomic cell, storing the new TAT with a
+    /// compare-and-swap when admitted (a refusal writes nothing). Same decisions as
+    /// [`Gcra::eval`]; the report is computed once, after the swap succeeded.
+    #[inline]
+    pub(crate) fn charge(&self, cell: &AtomicU64, now: u64, cost: u64) -> (Outcome, LimitReport) {
+        let mut tat = cell.load(Ordering::Acquire);
+        loop {
+            match self.step(tat, now, cost) {
+                Step::Admit { new_tat, diff } => {
+                    match cell.compare_exchange_weak(
+                        tat,
+                        new_tat,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return self.admitted(diff),
+                        Err(current) => tat = current,
+                    }
+                }
+                Step::Refuse { outcome, fill } => return (outcome, self.report(fill, false)),
+            }
         }
     }
 
@@ -62,7 +119,9 @@ impl Gcra {
     #[inline]
     fn report(&self, fill: u64, allowed: bool) -> LimitReport {
         let room = self.tau + self.t;
-        let remaining = room.saturating_sub(fill) / self.t;
+        let left = room.saturating_sub(fill);
+        // Skips the division when less than one unit is left (every refusal of cost 1).
+        let remaining = if left < self.t { 0 } else { left / self.t };
         let next_after = if fill == 0 {
             0
         } else {

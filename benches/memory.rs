@@ -1,0 +1,139 @@
+//! Memory per key at 1 M keys: tollgate's [`MemoryStore`] against `governor`'s keyed
+//! limiter (DashMap state), with `Ipv4Addr` and `u32` keys.
+//!
+//! A counting global allocator (wrapping [`System`]) tracks the live heap bytes; a figure is
+//! the live bytes after building the limiter and inserting every key, minus the live bytes
+//! before, divided by the number of keys. Every key is charged once against a quota of one
+//! per hour, so every key carries state and none can be swept. The peak (the table's
+//! resize, when old and new arrays are both alive) is printed too.
+//!
+//! Run with `cargo bench --bench memory` (prints a table; no timing involved).
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    hash::Hash,
+    net::Ipv4Addr,
+    num::NonZeroU32,
+    sync::atomic::{AtomicUsize, Ordering},
+};
+
+use governor::{Quota as GQuota, RateLimiter};
+use tollgate::{Limit, MemoryStore, Quota};
+
+/// Counts the live heap bytes and their high-water mark.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(by: usize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
+// SAFETY: every call forwards to `System` with the caller's arguments unchanged; the
+// counters are only bookkeeping.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            grew(new_size);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const KEYS: u32 = 1_000_000;
+
+/// Live bytes per key held by what `fill` builds, and the peak per key while filling.
+fn measure<T>(fill: impl FnOnce() -> T) -> (f64, f64) {
+    let before = LIVE.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let held = fill();
+    let after = LIVE.load(Ordering::Relaxed);
+    let peak = PEAK.load(Ordering::Relaxed);
+    drop(held);
+    (
+        (after - before) as f64 / f64::from(KEYS),
+        (peak - before) as f64 / f64::from(KEYS),
+    )
+}
+
+fn tollgate<K: Hash + Eq + Clone + Send + Sync + 'static>(key: fn(u32) -> K) -> (f64, f64) {
+    measure(|| {
+        let store = MemoryStore::new(Limit::token_bucket(Quota::per_hour(1).unwrap()).unwrap());
+        for i in 0..KEYS {
+            assert!(store.check(&key(i), 1).is_allowed());
+        }
+        assert_eq!(store.len(), KEYS as usize);
+        store
+    })
+}
+
+fn governor<K: Hash + Eq + Clone + Send + Sync + 'static>(key: fn(u32) -> K) -> (f64, f64) {
+    measure(|| {
+        let limiter = RateLimiter::keyed(GQuota::per_hour(NonZeroU32::new(1).unwrap()));
+        for i in 0..KEYS {
+            assert!(limiter.check_key(&key(i)).is_ok());
+        }
+        assert_eq!(limiter.len(), KEYS as usize);
+        limiter
+    })
+}
+
+fn main() {
+    // `cargo test --benches` runs this binary too; the table is only for `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    println!("memory per key at {KEYS} keys (live heap bytes / keys; peak while filling)");
+    println!("| key | tollgate B/key | governor B/key | ratio | tollgate peak | governor peak |");
+    println!("|---|---|---|---|---|---|");
+    type Row = (&'static str, fn() -> (f64, f64), fn() -> (f64, f64));
+    let rows: [Row; 2] = [
+        (
+            "Ipv4Addr",
+            || tollgate(|i| Ipv4Addr::from(i.wrapping_mul(2_654_435_761))),
+            || governor(|i| Ipv4Addr::from(i.wrapping_mul(2_654_435_761))),
+        ),
+        ("u32", || tollgate(|i| i), || governor(|i| i)),
+    ];
+    for (name, ours, theirs) in rows {
+        let (t, tp) = ours();
+        let (g, gp) = theirs();
+        println!(
+            "| {name} | {t:.1} | {g:.1} | {:.2} | {tp:.1} | {gp:.1} |",
+            t / g
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! Per-request cost of the HTTP middleware: tollgate's [`RateLimitLayer`] against
+//! `tower_governor`'s `GovernorLayer`, both keyed by the peer IP (`ConnectInfo`), both
+//! through `tower::ServiceBuilder` around the same inner `service_fn`, which alone is the
+//! baseline. The figure is the cost a layer *adds* to a request: its time minus the
+//! baseline's, measured in the same round.
+//!
+//! - `cargo bench --bench middleware`: criterion, one group per row with `baseline`,
+//!   `tollgate` and `tower_governor`.
+//! - `TOLLGATE_RATIOS=<filter> cargo bench --bench middleware`: the interleaved table of
+//!   `BENCHMARKS.md`. Every round times one batch of each of the three (rotating the order),
+//!   with the thread's CPU time; a row gives the medians, the added costs and the median of
+//!   the per-round ratios of added costs (tollgate / tower_governor), with its 25th..75th
+//!   percentile.
+//!
+//! Rows: `allowed` (a quota nothing exhausts; 256 peer addresses in turn) without and with
+//! the rate-limit headers (tollgate: IETF `RateLimit` / `RateLimit-Policy`, its default;
+//! tower_governor: its `x-ratelimit-*` headers), and `refused` (each address spent its one
+//! request per hour during setup; tollgate answers with its defaults, `Retry-After`, the
+//! IETF fields and a problem+json body). `allowed/tsc-store` is tollgate on a
+//! [`MemoryStore`] with the default clock instead of the layer's default store, which
+//! follows tokio's clock (so paused-time tests drive it).
+
+use std::{
+    convert::Infallible,
+    hint::black_box,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
+};
+
+use axum::{body::Body, extract::ConnectInfo};
+use criterion::{criterion_group, Criterion};
+use http::{Request, Response, StatusCode};
+use tollgate::{key::PeerIp, Limit, MemoryStore, Quota, RateLimitLayer};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
+
+/// This thread's CPU time (see `benches/core.rs`).
+fn cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Peer addresses the requests come from, in turn.
+const PEERS: u32 = 256;
+
+fn request(i: u32) -> Request<Body> {
+    let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + (i % PEERS)));
+    Request::builder()
+        .uri("/")
+        .extension(ConnectInfo(SocketAddr::new(ip, 4000)))
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn hello(_: Request<Body>) -> Result<Response<Body>, Infallible> {
+    Ok(Response::new(Body::from("hello")))
+}
+
+/// A batch of `n` requests; returns the CPU time it took.
+type Batch = Box<dyn FnMut(u64) -> Duration>;
+
+/// Sends `n` requests through `svc` on a current-thread runtime; every response must have
+/// `status`.
+fn batch<S, B>(mut svc: S, status: StatusCode) -> Batch
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible> + 'static,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut i = 0u32;
+    // Setup: one request per peer (spends the refused rows' quota), then a check.
+    rt.block_on(async {
+        for p in 0..PEERS {
+            let _ = svc.ready().await.unwrap().call(request(p)).await;
+        }
+        let r = svc.ready().await.unwrap().call(request(0)).await.unwrap();
+        assert_eq!(r.status(), status);
+    });
+    Box::new(move |n| {
+        let svc = &mut svc;
+        let i = &mut i;
+        let start = cpu();
+        rt.block_on(async move {
+            for _ in 0..n {
+                *i = i.wrapping_add(1);
+                let r = svc.ready().await.unwrap().call(request(*i)).await;
+                black_box(r.unwrap());
+            }
+        });
+        cpu() - start
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Row {
+    Allowed,
+    AllowedHeaders,
+    AllowedTscStore,
+    Refused,
+}
+
+fn baseline() -> Batch {
+    batch(ServiceBuilder::new().service_fn(hello), StatusCode::OK)
+}
+
+fn tollgate(row: Row) -> Batch {
+    let quota = if row == Row::Refused {
+        Quota::per_hour(1).unwrap()
+    } else {
+        Quota::per_second(100_000_000)
+            .unwrap()
+            .with_burst(1 << 36)
+            .unwrap()
+    };
+    let builder = RateLimitLayer::builder()
+        .key(PeerIp::new())
+        .ietf_headers(row != Row::Allowed && row != Row::AllowedTscStore);
+    let status = if row == Row::Refused {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    if row == Row::AllowedTscStore {
+        let store = MemoryStore::new(Limit::token_bucket(quota).unwrap());
+        let layer = builder.build_with(store).unwrap();
+        batch(ServiceBuilder::new().layer(layer).service_fn(hello), status)
+    } else {
+        let layer = builder.token_bucket(quota).build().unwrap();
+        batch(ServiceBuilder::new().layer(layer).service_fn(hello), status)
+    }
+}
+
+fn tower_governor(row: Row) -> Batch {
+    let mut config = GovernorConfigBuilder::default();
+    if row == Row::Refused {
+        config.per_second(3600).burst_size(1);
+    } else {
+        config.period(Duration::from_nanos(10)).burst_size(u32::MAX);
+    }
+    if row == Row::AllowedHeaders {
+        let layer = GovernorLayer::new(config.use_headers().finish().unwrap());
+        batch(
+            ServiceBuilder::new().layer(layer).service_fn(hello),
+            StatusCode::OK,
+        )
+    } else {
+        let status = if row == Row::Refused {
+            StatusCode::TOO_MANY_REQUESTS
+        } else {
+            StatusCode::OK
+        };
+        let layer = GovernorLayer::new(config.finish().unwrap());
+        batch(ServiceBuilder::new().layer(layer).service_fn(hello), status)
+    }
+}
+
+const ROWS: [(&str, Row); 4] = [
+    ("allowed", Row::Allowed),
+    ("allowed/headers", Row::AllowedHeaders),
+    ("refused", Row::Refused),
+    ("allowed/tsc-store", Row::AllowedTscStore),
+];
+
+const LABELS: [&str; 3] = ["baseline", "tollgate", "tower_governor"];
+
+fn build(filter: &str) -> impl Iterator<Item = (&'static str, [Batch; 3])> + '_ {
+    ROWS.into_iter()
+        .filter(move |(name, _)| name.contains(filter))
+        .map(|(name, row)| (name, [baseline(), tollgate(row), tower_governor(row)]))
+}
+
+fn criterion_benches(c: &mut Criterion) {
+    for (name, mut batches) in build("") {
+        let mut g = c.benchmark_group(format!("middleware/{name}"));
+        for (label, batch) in LABELS.iter().zip(batches.iter_mut()) {
+            g.bench_function(*label, |b| b.iter_custom(&mut *batch));
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, criterion_benches);
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(v, 0.5)
+}
+
+/// The interleaved table (see the module docs).
+fn ratios(filter: &str) {
+    const ROUNDS: usize = 61;
+    const SAMPLE: Duration = Duration::from_millis(5);
+    println!("| figure | baseline ns | tollgate ns | tower_governor ns | tollgate added ns | tower_governor added ns | added ratio (median of rounds) | p25..p75 |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, mut b) in build(filter) {
+        // Calibrate on the slowest contender, warming all three up.
+        let mut n = 100u64;
+        loop {
+            let slowest = b.iter_mut().map(|f| f(n)).max().unwrap();
+            if slowest >= SAMPLE / 4 {
+                n = (n as f64 * SAMPLE.as_secs_f64() / slowest.as_secs_f64()).max(1.0) as u64;
+                break;
+            }
+            n *= 4;
+        }
+        let mut per = [Vec::new(), Vec::new(), Vec::new()];
+        let mut rs = Vec::new();
+        for round in 0..ROUNDS {
+            let mut t = [0.0; 3];
+            for j in 0..3 {
+                let k = (round + j) % 3;
+                t[k] = b[k](n).as_nanos() as f64 / n as f64;
+            }
+            for k in 0..3 {
+                per[k].push(t[k]);
+            }
+            rs.push((t[1] - t[0]) / (t[2] - t[0]));
+        }
+        let [base, ours, theirs] = per.map(|mut v| median(&mut v));
+        let r = median(&mut rs);
+        println!(
+            "| {name} | {base:.0} | {ours:.0} | {theirs:.0} | {:.0} | {:.0} | {r:.2} | {:.2}..{:.2} |",
+            ours - base,
+            theirs - base,
+            percentile(&rs, 0.25),
+            percentile(&rs, 0.75),
+        );
+    }
+}
+
+fn main() {
+    if let Ok(filter) = std::env::var("TOLLGATE_RATIOS") {
+        ratios(&filter);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
