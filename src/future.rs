@@ -1,8 +1,9 @@
 //! The response futures: one state machine shared by the HTTP and the generic middleware.
 //!
-//! States: `Refused` (the answer is known), `Checking` (a network store is deciding; the
-//! only boxed path), `Waiting` (a queued request sleeps until its slot), `Calling` (the
-//! inner service runs). A `Waiting` future that is dropped gives its slot back.
+//! States: `Refused` (the answer is known), `Calling` (the inner service runs), and, boxed
+//! so the common path stays small, `Slow`: a network store deciding, a queued request
+//! sleeping until its slot, or the inner service being made ready again after either. A
+//! waiting future that is dropped gives its slot back.
 
 use std::{
     fmt,
@@ -66,6 +67,16 @@ pin_project! {
     #[project = MachineProj]
     pub(crate) enum Machine<S, Req, F, O, H> {
         Refused { out: Option<O> },
+        Slow { slow: Pin<Box<Slow<S, Req, O, H>>> },
+        Calling { #[pin] future: F, extra: Option<H> },
+        Done,
+    }
+}
+
+pin_project! {
+    /// The states that need the inner service and the request kept aside.
+    #[project = SlowProj]
+    pub(crate) enum Slow<S, Req, O, H> {
         Checking {
             check: CheckFuture,
             then: Option<Continuation<Req, O, H>>,
@@ -85,8 +96,88 @@ pin_project! {
             req: Option<Req>,
             extra: Option<H>,
         },
-        Calling { #[pin] future: F, extra: Option<H> },
-        Done,
+    }
+}
+
+/// How the slow states end.
+enum SlowDone<F, E, O, H> {
+    Call(F, Option<H>),
+    Refuse(O),
+    Failed(E, Option<H>),
+    Gone,
+}
+
+impl<S, Req, O, H> Slow<S, Req, O, H>
+where
+    S: Service<Req>,
+{
+    fn poll_slow(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<SlowDone<S::Future, S::Error, O, H>> {
+        loop {
+            match self.as_mut().project() {
+                SlowProj::Checking {
+                    check,
+                    then,
+                    svc,
+                    req,
+                } => {
+                    let result = ready!(Pin::new(check).poll(cx));
+                    let (Some(then), Some(mut r), Some(s)) = (then.take(), req.take(), svc.take())
+                    else {
+                        return Poll::Ready(SlowDone::Gone);
+                    };
+                    match then(result, &mut r) {
+                        Next::Refuse(o) => return Poll::Ready(SlowDone::Refuse(o)),
+                        Next::Proceed {
+                            wait,
+                            extra,
+                            refund,
+                        } if !wait.is_zero() => self.set(Slow::Waiting {
+                            sleep: tokio::time::sleep(wait),
+                            svc: Some(s),
+                            req: Some(r),
+                            extra: Some(extra),
+                            refund,
+                        }),
+                        Next::Proceed { extra, .. } => self.set(Slow::Ready {
+                            svc: Some(s),
+                            req: Some(r),
+                            extra: Some(extra),
+                        }),
+                    }
+                }
+                SlowProj::Waiting {
+                    sleep,
+                    svc,
+                    req,
+                    extra,
+                    refund,
+                } => {
+                    ready!(sleep.poll(cx));
+                    // The slot has come: the request is served, nothing to give back.
+                    if let Some(mut g) = refund.take() {
+                        g.disarm();
+                    }
+                    let (svc, req, extra) = (svc.take(), req.take(), extra.take());
+                    self.set(Slow::Ready { svc, req, extra });
+                }
+                SlowProj::Ready { svc, req, extra } => {
+                    let Some(s) = svc.as_mut() else {
+                        return Poll::Ready(SlowDone::Gone);
+                    };
+                    // Readiness may have lapsed while the request waited: ask again.
+                    if let Err(e) = ready!(s.poll_ready(cx)) {
+                        return Poll::Ready(SlowDone::Failed(e, extra.take()));
+                    }
+                    let Some(r) = req.take() else {
+                        return Poll::Ready(SlowDone::Gone);
+                    };
+                    return Poll::Ready(SlowDone::Call(s.call(r), extra.take()));
+                }
+            }
+        }
     }
 }
 
@@ -100,22 +191,6 @@ where
 
     pub(crate) fn calling(future: S::Future, extra: Option<H>) -> Self {
         Machine::Calling { future, extra }
-    }
-
-    pub(crate) fn waiting(
-        svc: S,
-        req: Req,
-        wait: Duration,
-        extra: H,
-        refund: Option<RefundGuard>,
-    ) -> Self {
-        Machine::Waiting {
-            sleep: tokio::time::sleep(wait),
-            svc: Some(svc),
-            req: Some(req),
-            extra: Some(extra),
-            refund,
-        }
     }
 
     /// The state for a decided request: refused, called at once, or queued.
@@ -132,7 +207,15 @@ where
                 wait,
                 extra,
                 refund,
-            } => Machine::waiting(take_ready(inner), req, wait, extra, refund),
+            } => Machine::Slow {
+                slow: Box::pin(Slow::Waiting {
+                    sleep: tokio::time::sleep(wait),
+                    svc: Some(take_ready(inner)),
+                    req: Some(req),
+                    extra: Some(extra),
+                    refund,
+                }),
+            },
         }
     }
 
@@ -142,11 +225,13 @@ where
         svc: S,
         req: Req,
     ) -> Self {
-        Machine::Checking {
-            check,
-            then: Some(then),
-            svc: Some(svc),
-            req: Some(req),
+        Machine::Slow {
+            slow: Box::pin(Slow::Checking {
+                check,
+                then: Some(then),
+                svc: Some(svc),
+                req: Some(req),
+            }),
         }
     }
 
@@ -164,67 +249,21 @@ where
                         None => return Poll::Pending,
                     }
                 }
-                MachineProj::Checking {
-                    check,
-                    then,
-                    svc,
-                    req,
-                } => {
-                    let result = ready!(Pin::new(check).poll(cx));
-                    let (Some(then), Some(mut r), Some(s)) = (then.take(), req.take(), svc.take())
-                    else {
+                MachineProj::Slow { slow } => match ready!(slow.as_mut().poll_slow(cx)) {
+                    SlowDone::Call(future, extra) => self.set(Machine::Calling { future, extra }),
+                    SlowDone::Refuse(o) => {
                         self.set(Machine::Done);
-                        return Poll::Pending;
-                    };
-                    match then(result, &mut r) {
-                        Next::Refuse(o) => self.set(Machine::Refused { out: Some(o) }),
-                        Next::Proceed {
-                            wait,
-                            extra,
-                            refund,
-                        } if !wait.is_zero() => {
-                            self.set(Machine::waiting(s, r, wait, extra, refund))
-                        }
-                        Next::Proceed { extra, .. } => self.set(Machine::Ready {
-                            svc: Some(s),
-                            req: Some(r),
-                            extra: Some(extra),
-                        }),
+                        return Poll::Ready(Finished::Early(o));
                     }
-                }
-                MachineProj::Waiting {
-                    sleep,
-                    svc,
-                    req,
-                    extra,
-                    refund,
-                } => {
-                    ready!(sleep.poll(cx));
-                    // The slot has come: the request is served, nothing to give back.
-                    if let Some(mut g) = refund.take() {
-                        g.disarm();
-                    }
-                    let (svc, req, extra) = (svc.take(), req.take(), extra.take());
-                    self.set(Machine::Ready { svc, req, extra });
-                }
-                MachineProj::Ready { svc, req, extra } => {
-                    let Some(s) = svc.as_mut() else {
-                        self.set(Machine::Done);
-                        return Poll::Pending;
-                    };
-                    // Readiness may have lapsed while the request waited: ask again.
-                    if let Err(e) = ready!(s.poll_ready(cx)) {
-                        let extra = extra.take();
+                    SlowDone::Failed(e, extra) => {
                         self.set(Machine::Done);
                         return Poll::Ready(Finished::Inner(Err(e), extra));
                     }
-                    let (Some(r), extra) = (req.take(), extra.take()) else {
+                    SlowDone::Gone => {
                         self.set(Machine::Done);
                         return Poll::Pending;
-                    };
-                    let future = s.call(r);
-                    self.set(Machine::Calling { future, extra });
-                }
+                    }
+                },
                 MachineProj::Calling { future, extra } => {
                     let result = ready!(future.poll(cx));
                     let extra = extra.take();
@@ -249,9 +288,11 @@ impl<S, Req, F, O, H> fmt::Debug for Machine<S, Req, F, O, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self {
             Machine::Refused { .. } => "Refused",
-            Machine::Checking { .. } => "Checking",
-            Machine::Waiting { .. } => "Waiting",
-            Machine::Ready { .. } => "Ready",
+            Machine::Slow { slow } => match **slow {
+                Slow::Checking { .. } => "Checking",
+                Slow::Waiting { .. } => "Waiting",
+                Slow::Ready { .. } => "Ready",
+            },
             Machine::Calling { .. } => "Calling",
             Machine::Done => "Done",
         };

@@ -171,31 +171,21 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
-        let (key, cost, mut check) = match shared.start(&req) {
-            Start::Checked { key, cost, check } => (key, cost, check),
-            Start::Unlimited => {
-                return ResponseFuture {
-                    machine: Machine::calling(self.inner.call(req), None),
-                }
-            }
-            Start::Reject(_) => {
-                return ResponseFuture {
-                    machine: Machine::refused(Box::new(KeyMissing)),
-                }
-            }
-        };
-        let machine = match check.take_ready() {
-            Some(result) => {
-                let next = shared.next(&key, cost, result, refuse, |_, _| ()).0;
+        let machine = match shared.start(&req) {
+            Start::Decided {
+                key,
+                cost,
+                decision,
+            } => {
+                let next = shared.next(&key, cost, &decision, refuse, |_, _| ());
                 Machine::from_next(next, &mut self.inner, req)
             }
-            None => {
-                let shared = Arc::clone(shared);
-                let then = Box::new(move |result, _: &mut Req| {
-                    shared.next(&key, cost, result, refuse, |_, _| ()).0
-                });
+            Start::Pending { key, cost, check } => {
+                let then = shared.continuation(key, cost, refuse, |_, _| (), |_, _, _| ());
                 Machine::checking(check, then, take_ready(&mut self.inner), req)
             }
+            Start::Unlimited => Machine::calling(self.inner.call(req), None),
+            Start::Reject(_) => Machine::refused(Box::new(KeyMissing) as BoxError),
         };
         ResponseFuture { machine }
     }

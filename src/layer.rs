@@ -117,9 +117,15 @@ pub(crate) struct Shared<X, St, C> {
     pub(crate) expose: bool,
 }
 
-/// How a request starts: the store's answer for its key, or what to do without a key.
+/// How a request starts: the store's decision (or pending answer) for its key, or what to
+/// do without a key.
 pub(crate) enum Start<K> {
-    Checked {
+    Decided {
+        key: Option<K>,
+        cost: u64,
+        decision: Decision,
+    },
+    Pending {
         key: Option<K>,
         cost: u64,
         check: crate::store::CheckFuture,
@@ -146,63 +152,115 @@ impl<X, St, C> Shared<X, St, C> {
             },
         };
         let cost = self.cost.cost(req);
-        let check = self.store.check(&key, cost);
-        Start::Checked { key, cost, check }
+        if let Some(decision) = self.store.check_now(&key, cost) {
+            return Start::Decided {
+                key,
+                cost,
+                decision,
+            };
+        }
+        let mut check = self.store.check(&key, cost);
+        match check.take_ready() {
+            Some(Ok(decision)) => Start::Decided {
+                key,
+                cost,
+                decision,
+            },
+            Some(Err(e)) => Start::Pending {
+                key,
+                cost,
+                check: crate::store::CheckFuture::ready(Err(e)),
+            },
+            None => Start::Pending { key, cost, check },
+        }
     }
 
-    /// The common step from a store's answer to the next state. `refuse` builds the
-    /// refusal, `allow` the extra carried to the response.
+    /// A failed store call under the `OnStoreError` policy: a decision to go on with, or
+    /// the error to refuse with.
+    pub(crate) fn on_store_error<K>(&self, e: StoreError) -> Result<Decision, StoreError>
+    where
+        St: Store<Option<K>>,
+    {
+        match self.on_error {
+            OnStoreError::FailOpen => {
+                tracing::warn!(error = %e, "rate-limit store failed; admitting (fail open)");
+                Ok(Decision::without_state(
+                    Outcome::Allowed {
+                        wait: std::time::Duration::ZERO,
+                    },
+                    Source::FailOpen,
+                    self.store.policy().limits().len(),
+                ))
+            }
+            OnStoreError::FailClosed => {
+                tracing::warn!(error = %e, "rate-limit store failed; refusing (fail closed)");
+                Err(e)
+            }
+        }
+    }
+
+    /// The common step from a decision to the next state. `refuse` builds the refusal,
+    /// `allow` the extra carried to the response.
+    #[inline]
     pub(crate) fn next<K, O, H>(
         self: &Arc<Self>,
         key: &Option<K>,
         cost: u64,
-        result: Result<Decision, StoreError>,
+        decision: &Decision,
         refuse: impl FnOnce(&Self, Result<&Decision, StoreError>) -> O,
         allow: impl FnOnce(&Self, &Decision) -> H,
-    ) -> (Next<O, H>, Option<Decision>)
+    ) -> Next<O, H>
     where
         St: Store<Option<K>>,
         K: Clone + Send + Sync + 'static,
         X: Send + Sync + 'static,
         C: Send + Sync + 'static,
     {
-        let decision = match result {
-            Ok(d) => d,
-            Err(e) => match self.on_error {
-                OnStoreError::FailOpen => {
-                    tracing::warn!(error = %e, "rate-limit store failed; admitting (fail open)");
-                    Decision::without_state(
-                        Outcome::Allowed {
-                            wait: std::time::Duration::ZERO,
-                        },
-                        Source::FailOpen,
-                        self.store.policy().limits().len(),
-                    )
-                }
-                OnStoreError::FailClosed => {
-                    tracing::warn!(error = %e, "rate-limit store failed; refusing (fail closed)");
-                    return (Next::Refuse(refuse(self, Err(e))), None);
-                }
-            },
-        };
         match decision.outcome() {
             Outcome::Allowed { wait } => {
                 let refund = (!wait.is_zero()).then(|| {
                     let (shared, key) = (Arc::clone(self), key.clone());
                     RefundGuard::new(move || shared.store.refund(&key, cost))
                 });
-                let extra = allow(self, &decision);
-                (
-                    Next::Proceed {
-                        wait,
-                        extra,
-                        refund,
-                    },
-                    Some(decision),
-                )
+                Next::Proceed {
+                    wait,
+                    extra: allow(self, decision),
+                    refund,
+                }
             }
-            _ => (Next::Refuse(refuse(self, Ok(&decision))), Some(decision)),
+            _ => Next::Refuse(refuse(self, Ok(decision))),
         }
+    }
+
+    /// The slow path's continuation: from the store's eventual answer to the next state.
+    pub(crate) fn continuation<K, Req, O, H>(
+        self: &Arc<Self>,
+        key: Option<K>,
+        cost: u64,
+        refuse: fn(&Self, Result<&Decision, StoreError>) -> O,
+        allow: fn(&Self, &Decision) -> H,
+        expose: fn(&Self, &mut Req, Decision),
+    ) -> crate::future::Continuation<Req, O, H>
+    where
+        St: Store<Option<K>>,
+        K: Clone + Send + Sync + 'static,
+        X: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+        Req: 'static,
+        O: 'static,
+        H: 'static,
+    {
+        let shared = Arc::clone(self);
+        Box::new(move |result, req: &mut Req| {
+            match result.or_else(|e| shared.on_store_error::<K>(e)) {
+                Ok(d) => {
+                    let next = shared.next(&key, cost, &d, refuse, allow);
+                    expose(&shared, req, d);
+                    next
+                }
+                Err(e) => Next::Refuse(refuse(&shared, Err(e))),
+            }
+        })
     }
 }
 

@@ -50,8 +50,13 @@ impl<S: fmt::Debug, X, St, C> fmt::Debug for RateLimit<S, X, St, C> {
     }
 }
 
-type HttpMachine<S, B> =
-    Machine<S, Request<B>, <S as Service<Request<B>>>::Future, Response<Bytes>, ResponseHeaders>;
+type HttpMachine<S, B> = Machine<
+    S,
+    Request<B>,
+    <S as Service<Request<B>>>::Future,
+    Box<Response<Bytes>>,
+    ResponseHeaders,
+>;
 
 pin_project! {
     /// The response future of [`RateLimit`]. No allocation on the in-memory path.
@@ -91,7 +96,7 @@ where
                 Ok(response)
             }
             Finished::Inner(Err(e), _) => Err(e),
-            Finished::Early(response) => Ok(response.map(RateLimitBody::full)),
+            Finished::Early(response) => Ok((*response).map(RateLimitBody::full)),
         })
     }
 }
@@ -100,6 +105,7 @@ impl<S, X, St, C, B, ResBody> Service<Request<B>> for RateLimit<S, X, St, C>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     B: Send + 'static,
+    ResBody: 'static,
     X: KeyExtractor<Request<B>> + Send + Sync + 'static,
     X::Key: Clone + Send + Sync + 'static,
     St: Store<Option<X::Key>>,
@@ -117,54 +123,46 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let shared = &self.shared;
-        let (key, cost, mut check) = match shared.start(&req) {
-            Start::Checked { key, cost, check } => (key, cost, check),
-            Start::Unlimited => {
-                return ResponseFuture {
-                    machine: Machine::calling(self.inner.call(req), None),
-                }
-            }
-            Start::Reject(status) => {
-                return ResponseFuture {
-                    machine: Machine::refused(missing_key_refusal(&shared.responder, status)),
-                }
-            }
-        };
-        let machine = match check.take_ready() {
-            Some(result) => {
-                let (next, decision) = shared.next(&key, cost, result, refuse, allow);
-                if let (true, Some(d)) = (shared.expose, decision) {
-                    req.extensions_mut().insert(d);
-                }
+        let machine = match shared.start(&req) {
+            Start::Decided {
+                key,
+                cost,
+                decision,
+            } => {
+                let next = shared.next(&key, cost, &decision, refuse, allow);
+                expose(shared, &mut req, decision);
                 Machine::from_next(next, &mut self.inner, req)
             }
-            None => {
-                let shared = Arc::clone(shared);
-                let then = Box::new(move |result, req: &mut Request<B>| {
-                    let (next, decision) = shared.next(&key, cost, result, refuse, allow);
-                    if let (true, Some(d)) = (shared.expose, decision) {
-                        req.extensions_mut().insert(d);
-                    }
-                    next
-                });
+            Start::Pending { key, cost, check } => {
+                let then = shared.continuation(key, cost, refuse, allow, expose);
                 Machine::checking(check, then, take_ready(&mut self.inner), req)
+            }
+            Start::Unlimited => Machine::calling(self.inner.call(req), None),
+            Start::Reject(status) => {
+                Machine::refused(Box::new(missing_key_refusal(&shared.responder, status)))
             }
         };
         ResponseFuture { machine }
     }
 }
 
+fn expose<X, St, C, B>(shared: &Shared<X, St, C>, req: &mut Request<B>, d: crate::Decision) {
+    if shared.expose {
+        req.extensions_mut().insert(d);
+    }
+}
+
 fn refuse<X, St, C>(
     shared: &Shared<X, St, C>,
     decision: Result<&crate::Decision, crate::StoreError>,
-) -> Response<Bytes> {
-    match decision {
+) -> Box<Response<Bytes>> {
+    Box::new(match decision {
         Ok(d) => shared.responder.refusal(d),
         Err(_) => shared.responder.plain(
             StatusCode::SERVICE_UNAVAILABLE,
             "The rate limiter's store is unavailable.",
         ),
-    }
+    })
 }
 
 fn allow<X, St, C>(shared: &Shared<X, St, C>, d: &crate::Decision) -> ResponseHeaders {

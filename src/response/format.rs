@@ -60,7 +60,9 @@ pub(crate) struct Responder {
     ietf: bool,
     legacy: bool,
     problem: bool,
-    policy_value: HeaderValue,
+    /// Formatted once per layer and leaked (a few dozen bytes per layer built), so every
+    /// response carries it by reference and clones it without touching a shared counter.
+    policy_value: &'static HeaderValue,
     prefixes: Vec<Vec<u8>>,
     quotas: Vec<u64>,
     bodies: Vec<Bytes>,
@@ -74,24 +76,51 @@ impl fmt::Debug for Responder {
             .field("ietf", &self.ietf)
             .field("legacy", &self.legacy)
             .field("problem", &self.problem)
-            .field("policy", &self.policy_value)
+            .field("policy", self.policy_value)
             .field("custom_rejection", &self.rejection.is_some())
             .finish()
     }
 }
 
-/// Headers to add to an admitted response, formatted in `call`.
+/// Headers to add to an admitted response, formatted in `call`. Kept small: it travels
+/// inside every response future.
 #[derive(Debug, Default)]
 pub(crate) struct ResponseHeaders {
-    values: [Option<(&'static HeaderName, HeaderValue)>; 5],
+    rate_limit: Option<HeaderValue>,
+    policy: Option<&'static HeaderValue>,
+    legacy: Option<Box<[HeaderValue; 3]>>,
 }
 
 impl ResponseHeaders {
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.values.into_iter().flatten() {
-            headers.insert(name, value);
+        if let Some(p) = self.policy {
+            headers.insert(&RATELIMIT_POLICY, p.clone());
+        }
+        if let Some(v) = self.rate_limit {
+            headers.insert(&RATELIMIT, v);
+        }
+        if let Some(legacy) = self.legacy {
+            let [limit, remaining, reset] = *legacy;
+            headers.insert(&X_LIMIT, limit);
+            headers.insert(&X_REMAINING, remaining);
+            headers.insert(&X_RESET, reset);
         }
     }
+}
+
+/// A header value that lives for the rest of the process: built from leaked text when it
+/// is valid (so clones are free), from the bytes otherwise.
+fn leak_value(bytes: Vec<u8>) -> &'static HeaderValue {
+    let value = match String::from_utf8(bytes) {
+        Ok(text) if HeaderValue::from_str(&text).is_ok() => {
+            HeaderValue::from_static(Box::leak(text.into_boxed_str()))
+        }
+        Ok(text) => {
+            HeaderValue::from_bytes(text.as_bytes()).unwrap_or(HeaderValue::from_static(""))
+        }
+        Err(_) => HeaderValue::from_static(""),
+    };
+    Box::leak(Box::new(value))
 }
 
 fn json_escape(s: &str, out: &mut String) {
@@ -252,8 +281,7 @@ impl Responder {
             ietf,
             legacy,
             problem,
-            policy_value: HeaderValue::from_bytes(&policy_value)
-                .unwrap_or_else(|_| HeaderValue::from_static("")),
+            policy_value: leak_value(policy_value),
             prefixes,
             quotas: limits.iter().map(|l| l.quota().limit()).collect(),
             bodies,
@@ -286,8 +314,8 @@ impl Responder {
     pub(crate) fn headers(&self, d: &Decision) -> ResponseHeaders {
         let mut h = ResponseHeaders::default();
         if self.ietf {
-            h.values[0] = Some((&RATELIMIT_POLICY, self.policy_value.clone()));
-            h.values[1] = Some((&RATELIMIT, self.rate_limit_value(d)));
+            h.policy = Some(self.policy_value);
+            h.rate_limit = Some(self.rate_limit_value(d));
         }
         if self.legacy {
             // The limit with the fewest units left binds.
@@ -297,9 +325,11 @@ impl Responder {
                     .unwrap_or_default();
                 let reset = now.as_secs() + retry_after_secs(l.reset_after());
                 let q = self.quotas.get(l.index()).copied().unwrap_or(0);
-                h.values[2] = Some((&X_LIMIT, HeaderValue::from(q)));
-                h.values[3] = Some((&X_REMAINING, HeaderValue::from(l.remaining())));
-                h.values[4] = Some((&X_RESET, HeaderValue::from(reset)));
+                h.legacy = Some(Box::new([
+                    HeaderValue::from(q),
+                    HeaderValue::from(l.remaining()),
+                    HeaderValue::from(reset),
+                ]));
             }
         }
         h

@@ -446,6 +446,11 @@ where
         CheckFuture::ready(Ok(MemoryStore::peek(self, key, cost)))
     }
 
+    #[inline]
+    fn check_now(&self, key: &K, cost: u64) -> Option<Decision> {
+        Some(MemoryStore::check(self, key, cost))
+    }
+
     fn refund(&self, key: &K, cost: u64) {
         self.refund_at(key, cost, self.clock.now());
     }

@@ -49,6 +49,13 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Decides for `key` without charging anything.
     fn peek(&self, key: &K, cost: u64) -> CheckFuture;
 
+    /// Decides and charges at once, when the store can without I/O (the memory store
+    /// always can). `None`: use [`Store::check`]. The middleware tries this first.
+    fn check_now(&self, key: &K, cost: u64) -> Option<Decision> {
+        let _ = (key, cost);
+        None
+    }
+
     /// Gives back `cost` units charged earlier (a queued request dropped before its slot).
     /// Best effort: a network store sends it in the background.
     fn refund(&self, key: &K, cost: u64);
@@ -135,5 +142,8 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     }
     fn refund(&self, key: &K, cost: u64) {
         (**self).refund(key, cost)
+    }
+    fn check_now(&self, key: &K, cost: u64) -> Option<Decision> {
+        (**self).check_now(key, cost)
     }
 }
