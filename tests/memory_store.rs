@@ -229,3 +229,62 @@ fn several_limits_share_one_key_in_the_store() {
     assert_eq!(d.violated().map(|l| l.index()).collect::<Vec<_>>(), vec![1]);
     assert_eq!(d.limits()[0].remaining(), 20);
 }
+
+/// Regression: a request whose clock reading is older than a TAT written meanwhile by
+/// another thread (it was preempted, or lost a CAS race) was refused although the bucket
+/// had room: the HTTP load benchmark saw 429s under a limit that admits everything. The
+/// store now reads the clock after the key's state, and again on every retry.
+#[test]
+fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
+    use std::sync::{
+        atomic::{AtomicU64, Ordering},
+        OnceLock, Weak,
+    };
+    use tollgate::clock::Clock;
+
+    type Racy = MemoryStore<&'static str, Interloper>;
+    /// Time 50 ms. On its first reading since `arm`, before answering, "another thread"
+    /// (a real one, joined) charges the same key at 50 ms: exactly the interleaving in which
+    /// a reading taken before the other thread's write was older than the TAT it wrote.
+    #[derive(Default)]
+    struct Interloper {
+        store: OnceLock<Weak<Racy>>,
+        armed: AtomicU64,
+        stale: AtomicU64,
+    }
+    impl Clock for Interloper {
+        fn now(&self) -> u64 {
+            if self.armed.swap(0, Ordering::SeqCst) == 1 {
+                let store = self.store.get().unwrap().upgrade().unwrap();
+                std::thread::spawn(move || {
+                    assert!(store.check_at(&"k", 1, 50_000_000).is_allowed())
+                })
+                .join()
+                .unwrap();
+                // What the old code used: the time read before the other thread's write.
+                return self.stale.load(Ordering::SeqCst);
+            }
+            50_000_000
+        }
+    }
+
+    // 1000/s with a burst of 10: one unit per ms, room for 10 ms of TAT ahead of now.
+    let q = Quota::per_second(1000).unwrap().with_burst(10).unwrap();
+    let store: Arc<Racy> = Arc::new(
+        MemoryStore::new(Limit::token_bucket(q).unwrap()).with_clock(Interloper::default()),
+    );
+    store
+        .clock()
+        .store
+        .set(Arc::downgrade(&store))
+        .ok()
+        .unwrap();
+    assert!(store.check_at(&"k", 1, 0).is_allowed()); // the key exists: TAT = 1 ms
+                                                      // Our request reads 10 ms (a stale reading); the other charges at 50 ms -> TAT 51 ms.
+                                                      // Judged at 10 ms, TAT 52 ms would be 42 ms ahead (> 10 ms: refused). At 50 ms it is 2 ms.
+    store.clock().stale.store(10_000_000, Ordering::SeqCst);
+    store.clock().armed.store(1, Ordering::SeqCst);
+    let d = store.check(&"k", 1);
+    assert!(d.is_allowed(), "refused with a stale clock reading: {d:?}");
+    assert_eq!(d.remaining(), 8);
+}

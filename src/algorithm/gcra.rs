@@ -95,9 +95,19 @@ impl Gcra {
     /// compare-and-swap when admitted (a refusal writes nothing). Same decisions as
     /// [`Gcra::eval`]; the report is computed once, after the swap succeeded.
     #[inline]
-    pub(crate) fn charge(&self, cell: &AtomicU64, now: u64, cost: u64) -> (Outcome, LimitReport) {
+    pub(crate) fn charge(
+        &self,
+        cell: &AtomicU64,
+        now: impl Fn() -> u64,
+        cost: u64,
+    ) -> (Outcome, LimitReport) {
         let mut tat = cell.load(Ordering::Acquire);
         loop {
+            // The clock is read after the state: whoever wrote `tat` read their clock before
+            // writing it, so this `now` is never older than theirs. A `now` read earlier
+            // (before a preemption) could be older than a TAT written meanwhile and refuse
+            // a request that fits.
+            let now = now();
             match self.step(tat, now, cost) {
                 Step::Admit { new_tat, diff } => {
                     match cell.compare_exchange_weak(

@@ -175,7 +175,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     where
         K: Clone,
     {
-        self.check_at(key, cost, self.clock.now())
+        self.check_with(key, cost, || self.clock.now())
     }
 
     /// Decides without charging.
@@ -187,6 +187,16 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// [`MemoryStore::check`] at an explicit time (nanoseconds of this store's clock).
     #[inline]
     pub fn check_at(&self, key: &K, cost: u64, now: u64) -> Decision
+    where
+        K: Clone,
+    {
+        self.check_with(key, cost, || now)
+    }
+
+    /// The check, with the clock read only once the key's state is in hand (see
+    /// `Gcra::charge`).
+    #[inline]
+    fn check_with(&self, key: &K, cost: u64, now: impl Fn() -> u64 + Copy) -> Decision
     where
         K: Clone,
     {
@@ -214,21 +224,32 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
         self.check_new(shard, hash, key, cost, now)
     }
 
-    /// [`MemoryStore::check_at`] for a key that was not found under the read lock.
-    #[inline(never)]
-    fn check_new(&self, shard: &Shard<K>, hash: u64, key: &K, cost: u64, now: u64) -> Decision
+    #[cold]
+    fn check_new(
+        &self,
+        shard: &Shard<K>,
+        hash: u64,
+        key: &K,
+        cost: u64,
+        now: impl Fn() -> u64 + Copy,
+    ) -> Decision
     where
         K: Clone,
     {
-        // Unknown key: decide on fresh state; a refusal writes nothing.
-        let (decision, next) = self.policy.eval(&[0; MAX_WORDS], now, cost);
-        let Some(next) = next else {
-            return decision;
-        };
+        // Unknown key: a cost no fresh bucket admits is refused without a write (and
+        // without the write lock).
+        if self.policy.max_cost() < cost {
+            return self.policy.eval(&[0; MAX_WORDS], now(), cost).0;
+        }
         let mut inner = shard.inner.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = self.update_existing(&inner, hash, key, cost, now) {
             return d; // inserted meanwhile by another thread
         }
+        let now = now();
+        let (decision, next) = self.policy.eval(&[0; MAX_WORDS], now, cost);
+        let Some(next) = next else {
+            return decision;
+        };
         self.make_room(&mut inner, now);
         let hasher = &self.hasher;
         if self.gcra.is_some() {
@@ -346,7 +367,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
         hash: u64,
         key: &K,
         cost: u64,
-        now: u64,
+        now: impl Fn() -> u64,
     ) -> Option<Decision> {
         if let Some(g) = &self.gcra {
             let cell = &inner.one.find(hash, |e| e.0 == *key)?.1;
@@ -355,7 +376,8 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
         } else {
             let cell = &inner.many.find(hash, |e| e.0 == *key)?.1;
             let mut s = cell.lock().unwrap_or_else(PoisonError::into_inner);
-            Some(self.policy.decide(&mut s, now, cost))
+            // Under the key's lock, so no state written with a later clock is seen.
+            Some(self.policy.decide(&mut s, now(), cost))
         }
     }
 
