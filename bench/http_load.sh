@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# HTTP load benchmark: a bare axum hello-world vs the same app behind tollgate, driven over
-# loopback by wrk, A/B interleaved. Reports the throughput ratio and the p99 latency
-# difference (medians over rounds), then the refusals per second of a server that refuses
-# nearly everything.
+# HTTP load benchmark: a bare axum hello-world vs the same app behind tollgate (and behind
+# a no-op layer, and tollgate with its headers off), driven over loopback by wrk,
+# interleaved. Reports throughput ratios and the p99 latency difference (medians over
+# rounds), then the refusals per second of a server that refuses nearly everything.
 #
 #   bash bench/http_load.sh                # 7 rounds of 5 s per side
 #   ROUNDS=3 SECS=3 bash bench/http_load.sh
@@ -20,6 +20,8 @@ trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 "$bin" bare 18081 & pids+=($!)
 "$bin" limited 18082 & pids+=($!)
 "$bin" refusing 18083 & pids+=($!)
+"$bin" limited-noheaders 18084 & pids+=($!)
+"$bin" noop 18085 & pids+=($!)
 sleep 1
 
 # wrk -> "req_per_sec p99_us non2xx total"
@@ -35,12 +37,12 @@ run() {
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
-: > /tmp/tollgate_bare; : > /tmp/tollgate_limited
+: > /tmp/tollgate_bare; : > /tmp/tollgate_limited; : > /tmp/tollgate_noheaders; : > /tmp/tollgate_noop
 run 18081 >/dev/null; run 18082 >/dev/null   # warm-up
 for r in $(seq "$ROUNDS"); do
-  if (( r % 2 )); then a=bare; b=limited; else a=limited; b=bare; fi
-  for side in $a $b; do
-    port=$([ "$side" = bare ] && echo 18081 || echo 18082)
+  if (( r % 2 )); then order="bare limited noheaders noop"; else order="noop noheaders limited bare"; fi
+  for side in $order; do
+    case $side in bare) port=18081;; limited) port=18082;; noheaders) port=18084;; noop) port=18085;; esac
     out=$(run $port)
     echo "$out" >> /tmp/tollgate_$side
     echo "round $r $side: $out" >&2
@@ -51,6 +53,9 @@ lim_rps=$(cut -d' ' -f1 /tmp/tollgate_limited | median)
 bare_p99=$(cut -d' ' -f2 /tmp/tollgate_bare | median)
 lim_p99=$(cut -d' ' -f2 /tmp/tollgate_limited | median)
 lim_non=$(cut -d' ' -f3 /tmp/tollgate_limited | sort -g | tail -1)
+noh_rps=$(cut -d' ' -f1 /tmp/tollgate_noheaders | median)
+noop_rps=$(cut -d' ' -f1 /tmp/tollgate_noop | median)
+bytes() { curl -s -i "http://127.0.0.1:$1/" | wc -c; }
 ref=$(run 18083)
 ref_rps=$(echo "$ref" | cut -d' ' -f1); ref_non=$(echo "$ref" | cut -d' ' -f3); ref_total=$(echo "$ref" | cut -d' ' -f4)
 
@@ -58,6 +63,10 @@ echo
 echo "| figure | bare axum | with tollgate | ratio / difference |"
 echo "|---|---|---|---|"
 awk -v b="$bare_rps" -v l="$lim_rps" 'BEGIN { printf "| throughput (req/s, median of rounds) | %.0f | %.0f | %.3f |\n", b, l, l/b }'
+awk -v b="$bare_rps" -v l="$noh_rps" 'BEGIN { printf "| throughput, rate-limit headers off | %.0f | %.0f | %.3f |\n", b, l, l/b }'
+awk -v b="$bare_rps" -v l="$noop_rps" 'BEGIN { printf "| throughput, a no-op layer (what axum Router::layer itself costs) | %.0f | %.0f | %.3f |\n", b, l, l/b }'
+awk -v n="$noop_rps" -v l="$lim_rps" 'BEGIN { printf "| throughput, tollgate vs the no-op layer | %.0f | %.0f | %.3f |\n", n, l, l/n }'
+echo "| response size (bytes, headers included) | $(bytes 18081) | $(bytes 18082) (headers off: $(bytes 18084)) | |"
 awk -v b="$bare_p99" -v l="$lim_p99" 'BEGIN { printf "| p99 latency (us, median of rounds) | %.0f | %.0f | %+.0f us |\n", b, l, l-b }'
 echo "| non-2xx with the admit-all limit (max of rounds) | - | $lim_non | must be 0 |"
 awk -v r="$ref_rps" -v n="$ref_non" -v t="$ref_total" 'BEGIN { printf "| refusing server: responses/s, of which 429 | - | %.0f | %.0f refusals/s (%.2f%% refused) |\n", r, r*n/t, 100*n/t }'

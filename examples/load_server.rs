@@ -5,6 +5,7 @@
 //! cargo run --release --example load_server -- bare 8081      # no limiter
 //! cargo run --release --example load_server -- limited 8082   # token bucket per peer IP,
 //!                                                             # admits everything, IETF headers on
+//! cargo run --release --example load_server -- limited-noheaders 8084  # same, headers off
 //! cargo run --release --example load_server -- refusing 8083  # same, but nearly all refused
 //! ```
 
@@ -27,13 +28,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .token_bucket(Quota::per_second(1_000_000_000)?.with_burst(1_000_000)?)
                 .build()?,
         ),
+        // Any layer at all, doing nothing: what axum's `Router::layer` itself costs.
+        "noop" => app.layer(tower::util::MapResponseLayer::new(|r| r)),
+        "limited-noheaders" => app.layer(
+            RateLimitLayer::builder()
+                .key(PeerIp::new())
+                .token_bucket(Quota::per_second(1_000_000_000)?.with_burst(1_000_000)?)
+                .ietf_headers(false)
+                .build()?,
+        ),
         "refusing" => app.layer(
             RateLimitLayer::builder()
                 .key(PeerIp::new())
                 .token_bucket(Quota::per_minute(1)?)
                 .build()?,
         ),
-        other => return Err(format!("unknown mode {other:?}: bare | limited | refusing").into()),
+        other => {
+            return Err(format!(
+                "unknown mode {other:?}: bare | limited | limited-noheaders | refusing"
+            )
+            .into())
+        }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     eprintln!("load_server {mode} on {}", listener.local_addr()?);
