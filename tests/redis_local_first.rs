@@ -148,3 +148,30 @@ fn no_runtime_no_panic() {
         "the other instance pulled the shared state"
     );
 }
+
+#[test]
+fn a_flood_of_distinct_keys_stays_at_the_cap() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt
+        .block_on(RedisConnection::connect(&server.url()))
+        .unwrap();
+    // An hour to refill: no key ever goes back to fresh, so only the cap bounds memory.
+    let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
+    let store = LocalFirstStore::new(limit, conn, INTERVAL)
+        .unwrap()
+        .with_max_keys(16_000)
+        .unwrap();
+    for k in 0..200_000u64 {
+        assert!(store.check_local(&k, 1).is_allowed());
+    }
+    assert!(store.len() <= 16_000, "{} keys held", store.len());
+    assert!(store.len() > 8_000, "{} keys held", store.len());
+    // Nothing was synced, so every evicted key dropped its one unit, and that is counted.
+    assert_eq!(store.evicted_units() as usize, 200_000 - store.len());
+}

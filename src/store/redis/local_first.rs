@@ -4,7 +4,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, PoisonError, Weak,
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -25,6 +25,8 @@ use crate::{
 
 const SHARDS: usize = 16;
 const MIN_SWEEP: usize = 64;
+/// Default cap on the keys held locally (as the in-memory store's).
+const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// Keys synced concurrently in one round.
 const CONCURRENCY: usize = 16;
 
@@ -56,6 +58,10 @@ struct Shared {
     started: AtomicBool,
     rounds: AtomicU64,
     failed_rounds: AtomicU64,
+    /// Keys one shard may hold; at the cap the eighth with the least unsynced usage goes.
+    shard_cap: AtomicUsize,
+    /// Units admitted here but evicted at the cap before they were pushed to Redis.
+    evicted_units: AtomicU64,
 }
 
 /// A store that decides from per-instance state and reconciles it with Redis in the
@@ -165,8 +171,44 @@ impl LocalFirstStore {
                 started: AtomicBool::new(false),
                 rounds: AtomicU64::new(0),
                 failed_rounds: AtomicU64::new(0),
+                shard_cap: AtomicUsize::new(DEFAULT_MAX_KEYS / SHARDS),
+                evicted_units: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Caps the keys held locally (default 2^20), so a flood of distinct keys cannot grow
+    /// memory without bound. At the cap, the eighth of a shard's keys with the least usage
+    /// not yet pushed to Redis is dropped; units dropped that way are never shared (they
+    /// widen the overshoot bound by that much) and are counted in
+    /// [`LocalFirstStore::evicted_units`].
+    pub fn with_max_keys(self, max_keys: usize) -> Result<Self, ConfigError> {
+        if max_keys == 0 {
+            return Err(ConfigError::Store("max_keys must be at least 1".into()));
+        }
+        self.inner
+            .shard_cap
+            .store((max_keys / SHARDS).max(1), Ordering::Relaxed);
+        Ok(self)
+    }
+
+    /// Keys held locally now.
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
+            .sum()
+    }
+
+    /// Whether no key is held locally.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Units admitted here that were evicted at the key cap before being pushed to Redis.
+    pub fn evicted_units(&self) -> u64 {
+        self.inner.evicted_units.load(Ordering::Relaxed)
     }
 
     /// Starts the reconciliation task. `None` outside a tokio runtime, or when it runs
@@ -244,12 +286,31 @@ impl Shared {
             .shard(&key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !shard.map.contains_key(&key) && shard.map.len() >= shard.sweep_at {
+        let cap = self.shard_cap.load(Ordering::Relaxed);
+        let len = shard.map.len();
+        if !shard.map.contains_key(&key) && (len >= shard.sweep_at || len >= cap) {
             let policy = &self.policy;
             shard
                 .map
                 .retain(|_, e| e.pending > 0 || e.touched || !policy.is_fresh(&e.state, now));
             shard.sweep_at = (shard.map.len() * 2).max(MIN_SWEEP);
+            if shard.map.len() >= cap {
+                // Every key still carries state: drop the eighth with the least unsynced use.
+                let target = (shard.map.len() / 8).max(1);
+                let mut pending: Vec<u64> = shard.map.values().map(|e| e.pending).collect();
+                let (_, &mut threshold, _) = pending.select_nth_unstable(target - 1);
+                let (mut left, mut lost) = (target, 0u64);
+                shard.map.retain(|_, e| {
+                    if left > 0 && e.pending <= threshold {
+                        left -= 1;
+                        lost += e.pending;
+                        false
+                    } else {
+                        true
+                    }
+                });
+                self.evicted_units.fetch_add(lost, Ordering::Relaxed);
+            }
         }
         let e = shard.map.entry(key).or_insert(Entry {
             state: [0; MAX_WORDS],
