@@ -7,10 +7,30 @@ use std::time::{Duration, Instant};
 
 use axum::{routing::get, Extension, Router};
 use support::{client, get as fetch, serve};
-use tollgate::{cost_fn, key::PeerIp, Decision, Limit, MissingKey, Quota, RateLimitLayer};
+use tollgate::{
+    cost_fn, key::KeyExtractor, key::PeerIp, Cost, Decision, Limit, MissingKey, Quota,
+    RateLimitLayer, Store,
+};
 
 fn per_ip() -> tollgate::Builder<PeerIp, tollgate::UnitCost> {
     RateLimitLayer::builder().key(PeerIp::new())
+}
+
+/// Serves `GET /` answering "ok" behind `layer`; returns a client and the URL.
+async fn hello<X, St, C>(layer: RateLimitLayer<X, St, C>) -> (reqwest::Client, String)
+where
+    X: KeyExtractor<http::Request<axum::body::Body>> + Send + Sync + 'static,
+    X::Key: Clone + Send + Sync + 'static,
+    St: Store<Option<X::Key>>,
+    C: Cost<http::Request<axum::body::Body>> + Send + Sync + 'static,
+{
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    (client(), format!("http://{addr}/"))
 }
 
 #[tokio::test]
@@ -19,13 +39,7 @@ async fn token_bucket_counts_and_headers() {
         .token_bucket(Quota::per_second(5).unwrap().with_burst(10).unwrap())
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
-    let (c, url) = (client(), format!("http://{addr}/"));
+    let (c, url) = hello(layer).await;
     let mut got = Vec::new();
     for _ in 0..12 {
         got.push(fetch(&c, &url, &[]).await);
@@ -72,13 +86,7 @@ async fn strict_meter_admits_one_then_refuses() {
         .leaky_meter(Quota::per_second(5).unwrap())
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
-    let (c, url) = (client(), format!("http://{addr}/"));
+    let (c, url) = hello(layer).await;
     let first = fetch(&c, &url, &[]).await;
     assert_eq!(first.status, 200);
     assert_eq!(first.header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
@@ -138,13 +146,7 @@ async fn retry_after_in_whole_seconds_for_long_waits() {
         .legacy_headers(true)
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
-    let (c, url) = (client(), format!("http://{addr}/"));
+    let (c, url) = hello(layer).await;
     let first = fetch(&c, &url, &[]).await;
     assert_eq!(
         first.header("ratelimit-policy"),
@@ -185,13 +187,7 @@ async fn several_quotas_one_item_each() {
         )
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
-    let (c, url) = (client(), format!("http://{addr}/"));
+    let (c, url) = hello(layer).await;
     let first = fetch(&c, &url, &[]).await;
     assert_eq!(
         first.header("ratelimit-policy"),
@@ -295,13 +291,7 @@ async fn cost_that_never_fits_is_refused_without_retry_after() {
         }))
         .build()
         .unwrap();
-    let addr = serve(
-        Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer),
-    )
-    .await;
-    let (c, url) = (client(), format!("http://{addr}/"));
+    let (c, url) = hello(layer).await;
     let big = fetch(&c, &url, &[("x-cost", "6")]).await;
     assert_eq!(big.status, 429);
     assert_eq!(big.header("retry-after"), None);

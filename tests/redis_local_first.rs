@@ -115,12 +115,9 @@ async fn two_instances_stay_within_the_bound_and_limit_alone_without_redis() {
     }
 }
 
-#[test]
-fn no_runtime_no_panic() {
-    // Built and used outside any runtime: decisions still work, nothing is spawned.
-    let Some(server) = RedisServer::start() else {
-        return;
-    };
+/// A private server, a runtime that is not entered, and a connection made through it.
+fn connected() -> Option<(RedisServer, tokio::runtime::Runtime, RedisConnection)> {
+    let server = RedisServer::start()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -128,6 +125,15 @@ fn no_runtime_no_panic() {
     let conn = rt
         .block_on(RedisConnection::connect(&server.url()))
         .unwrap();
+    Some((server, rt, conn))
+}
+
+#[test]
+fn no_runtime_no_panic() {
+    // Built and used outside any runtime: decisions still work, nothing is spawned.
+    let Some((server, rt, conn)) = connected() else {
+        return;
+    };
     let limit = Limit::token_bucket(Quota::per_second(2).unwrap()).unwrap();
     let store = LocalFirstStore::new(limit, conn, INTERVAL).unwrap();
     assert!(store.start().is_none());
@@ -151,16 +157,9 @@ fn no_runtime_no_panic() {
 
 #[test]
 fn a_flood_of_distinct_keys_stays_at_the_cap() {
-    let Some(server) = RedisServer::start() else {
+    let Some((server, rt, conn)) = connected() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let conn = rt
-        .block_on(RedisConnection::connect(&server.url()))
-        .unwrap();
     // An hour to refill: no key ever goes back to fresh, so only the cap bounds memory.
     let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
     let store = LocalFirstStore::new(limit, conn, INTERVAL)
