@@ -69,6 +69,17 @@
 //! retry-after, so a `tower::retry` policy can wait exactly that long. A leaky queue makes a
 //! client wait for its slot instead, the usual choice in front of a third-party API.
 //!
+//! # Shared limits across instances (feature `redis`)
+//!
+//! `store::RedisStore` decides every request with one Lua script, atomically on the Redis
+//! server and on the server's clock, so N instances enforce one limit; plug it in with
+//! [`Builder::build_with`]. Every call has a deadline (default 20 ms) and a circuit
+//! breaker; on failure it fails open, fails closed, or falls back to a local limiter at a
+//! share of the quota (`store::FailurePolicy`); a refused client is refused locally until
+//! its retry-after without a Redis call. `store::LocalFirstStore` keeps Redis off the
+//! request path and reconciles in the background. The decision's [`Decision::source`]
+//! says which of these decided. See the `store::redis` module docs.
+//!
 //! # Differences from `tower::limit::RateLimit`
 //!
 //! `tower::limit::RateLimit` is one fixed-window counter for the whole service that makes
