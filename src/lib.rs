@@ -98,7 +98,7 @@
 //! # Features
 //!
 //! - `axum` (default): `ConnectInfo` peer addresses and `MatchedPath` route keys.
-//! - `jwt`: [`key::BearerClaim`], a key from a bearer token's claim.
+//! - `jwt`: `key::BearerClaim`, a key from a bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![forbid(unsafe_code)]
