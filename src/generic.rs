@@ -184,6 +184,7 @@ where
                 let then = shared.continuation(key, cost, refuse, |_, _| (), |_, _, _| ());
                 Machine::checking(check, then, take_ready(&mut self.inner), req)
             }
+            Start::Failed(e) => Machine::refused(refuse(shared, Err(e))),
             Start::Unlimited => Machine::calling(self.inner.call(req), None),
             Start::Reject(_) => Machine::refused(Box::new(KeyMissing) as BoxError),
         };

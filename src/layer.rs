@@ -130,6 +130,8 @@ pub(crate) enum Start<K> {
         cost: u64,
         check: crate::store::CheckFuture,
     },
+    /// The store failed and the failure policy refuses.
+    Failed(StoreError),
     Unlimited,
     Reject(StatusCode),
 }
@@ -166,10 +168,13 @@ impl<X, St, C> Shared<X, St, C> {
                 cost,
                 decision,
             },
-            Some(Err(e)) => Start::Pending {
-                key,
-                cost,
-                check: crate::store::CheckFuture::ready(Err(e)),
+            Some(Err(e)) => match self.on_store_error::<X::Key>(e) {
+                Ok(decision) => Start::Decided {
+                    key,
+                    cost,
+                    decision,
+                },
+                Err(e) => Start::Failed(e),
             },
             None => Start::Pending { key, cost, check },
         }
@@ -239,7 +244,7 @@ impl<X, St, C> Shared<X, St, C> {
         cost: u64,
         refuse: fn(&Self, Result<&Decision, StoreError>) -> O,
         allow: fn(&Self, &Decision) -> H,
-        expose: fn(&Self, &mut Req, Decision),
+        expose: fn(&Self, &mut Req, &Decision),
     ) -> crate::future::Continuation<Req, O, H>
     where
         St: Store<Option<K>>,
@@ -255,7 +260,7 @@ impl<X, St, C> Shared<X, St, C> {
             match result.or_else(|e| shared.on_store_error::<K>(e)) {
                 Ok(d) => {
                     let next = shared.next(&key, cost, &d, refuse, allow);
-                    expose(&shared, req, d);
+                    expose(&shared, req, &d);
                     next
                 }
                 Err(e) => Next::Refuse(refuse(&shared, Err(e))),

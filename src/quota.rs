@@ -71,7 +71,7 @@ impl Quota {
             burst: limit,
             burst_set: false,
         };
-        q.check_horizon(0)?;
+        q.check_horizon()?;
         Ok(q)
     }
 
@@ -110,18 +110,18 @@ impl Quota {
             burst_set: true,
             ..self
         };
-        q.check_horizon(0)?;
+        q.check_horizon()?;
         Ok(q)
     }
 
-    /// Checks that `(burst + extra) * T` and the period fit in [`MAX_HORIZON`].
-    pub(crate) fn check_horizon(&self, extra: u64) -> Result<(), ConfigError> {
-        let units = self
+    /// Checks that `(burst + 1) * T` fits in [`MAX_HORIZON`] (the queue's room is checked
+    /// where a queue is configured, in `Limit::new`).
+    pub(crate) fn check_horizon(&self) -> Result<(), ConfigError> {
+        match self
             .burst
-            .checked_add(extra)
-            .and_then(|u| u.checked_add(1))
-            .ok_or(ConfigError::Overflow("burst"))?;
-        match units.checked_mul(self.interval) {
+            .checked_add(1)
+            .and_then(|units| units.checked_mul(self.interval))
+        {
             Some(h) if h <= MAX_HORIZON => Ok(()),
             _ => Err(ConfigError::Overflow("burst * emission interval")),
         }

@@ -130,13 +130,14 @@ where
                 decision,
             } => {
                 let next = shared.next(&key, cost, &decision, refuse, allow);
-                expose(shared, &mut req, decision);
+                expose(shared, &mut req, &decision);
                 Machine::from_next(next, &mut self.inner, req)
             }
             Start::Pending { key, cost, check } => {
                 let then = shared.continuation(key, cost, refuse, allow, expose);
                 Machine::checking(check, then, take_ready(&mut self.inner), req)
             }
+            Start::Failed(e) => Machine::refused(refuse(shared, Err(e))),
             Start::Unlimited => Machine::calling(self.inner.call(req), None),
             Start::Reject(status) => {
                 Machine::refused(Box::new(missing_key_refusal(&shared.responder, status)))
@@ -146,9 +147,9 @@ where
     }
 }
 
-fn expose<X, St, C, B>(shared: &Shared<X, St, C>, req: &mut Request<B>, d: crate::Decision) {
+fn expose<X, St, C, B>(shared: &Shared<X, St, C>, req: &mut Request<B>, d: &crate::Decision) {
     if shared.expose {
-        req.extensions_mut().insert(d);
+        req.extensions_mut().insert(*d);
     }
 }
 

@@ -146,32 +146,41 @@ fn sf_string(s: &str, out: &mut Vec<u8>) {
 
 /// A small on-stack buffer for header values; spills to the heap only past 256 bytes
 /// (four limits with long names).
-#[derive(Default)]
 struct StackBuf {
     len: usize,
-    stack: Option<[u8; 256]>,
+    stack: [u8; 256],
     heap: Vec<u8>,
+}
+
+impl Default for StackBuf {
+    fn default() -> Self {
+        StackBuf {
+            len: 0,
+            stack: [0; 256],
+            heap: Vec::new(),
+        }
+    }
 }
 
 impl StackBuf {
     fn push(&mut self, bytes: &[u8]) {
-        let stack = self.stack.get_or_insert([0; 256]);
-        if self.heap.is_empty() && self.len + bytes.len() <= stack.len() {
-            stack[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        let end = self.len + bytes.len();
+        if self.heap.is_empty() && end <= self.stack.len() {
+            self.stack[self.len..end].copy_from_slice(bytes);
         } else {
             if self.heap.is_empty() {
-                self.heap.extend_from_slice(&stack[..self.len]);
+                self.heap.extend_from_slice(&self.stack[..self.len]);
             }
             self.heap.extend_from_slice(bytes);
         }
-        self.len += bytes.len();
+        self.len = end;
     }
 
     fn as_bytes(&self) -> &[u8] {
-        match (&self.stack, self.heap.is_empty()) {
-            (Some(stack), true) => &stack[..self.len],
-            (None, true) => &[],
-            (_, false) => &self.heap,
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
         }
     }
 }
@@ -392,6 +401,18 @@ impl Responder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stack_buffer_spills_to_the_heap_intact() {
+        let mut b = StackBuf::default();
+        let chunk = [b'a'; 100];
+        for _ in 0..3 {
+            b.push(&chunk);
+        }
+        b.push(b"end");
+        assert_eq!(b.as_bytes().len(), 303);
+        assert!(b.as_bytes().starts_with(&[b'a'; 300]) && b.as_bytes().ends_with(b"end"));
+    }
 
     #[test]
     fn seconds_values_are_exact() {

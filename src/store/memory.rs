@@ -181,7 +181,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// Decides without charging.
     #[inline]
     pub fn peek(&self, key: &K, cost: u64) -> Decision {
-        self.peek_at(key, cost, self.clock.now())
+        self.peek_with(key, cost, || self.clock.now())
     }
 
     /// [`MemoryStore::check`] at an explicit time (nanoseconds of this store's clock).
@@ -271,6 +271,11 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
 
     /// [`MemoryStore::peek`] at an explicit time.
     pub fn peek_at(&self, key: &K, cost: u64, now: u64) -> Decision {
+        self.peek_with(key, cost, || now)
+    }
+
+    /// The peek, with the clock read once the key's state is in hand (as in `check_with`).
+    fn peek_with(&self, key: &K, cost: u64, now: impl Fn() -> u64) -> Decision {
         let hash = self.hasher.hash_one(key);
         let inner = self
             .shard(hash)
@@ -282,17 +287,21 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
                 .one
                 .find(hash, |e| e.0 == *key)
                 .map_or(0, |e| e.1.load(Ordering::Acquire));
-            self.policy.peek(&[tat], now, cost)
+            self.policy.peek(&[tat], now(), cost)
         } else if let Some(e) = inner.many.find(hash, |e| e.0 == *key) {
             let s = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-            self.policy.peek(&s, now, cost)
+            self.policy.peek(&s, now(), cost)
         } else {
-            self.policy.peek(&[0; MAX_WORDS], now, cost)
+            self.policy.peek(&[0; MAX_WORDS], now(), cost)
         }
     }
 
     /// Gives back `cost` units charged to `key` (a dropped queued request).
     pub fn refund_at(&self, key: &K, cost: u64, now: u64) {
+        self.refund_with(key, cost, || now);
+    }
+
+    fn refund_with(&self, key: &K, cost: u64, now: impl Fn() -> u64) {
         let hash = self.hasher.hash_one(key);
         let inner = self
             .shard(hash)
@@ -307,7 +316,8 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             }
         } else if let Some(e) = inner.many.find(hash, |e| e.0 == *key) {
             let mut s = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-            self.policy.refund(&mut s, now, cost);
+            // The window the charge is in is decided under the key's lock.
+            self.policy.refund(&mut s, now(), cost);
         }
     }
 
@@ -474,6 +484,6 @@ where
     }
 
     fn refund(&self, key: &K, cost: u64) {
-        self.refund_at(key, cost, self.clock.now());
+        self.refund_with(key, cost, || self.clock.now());
     }
 }

@@ -281,11 +281,13 @@ impl Shared {
     }
 
     fn with_entry<R>(&self, key: Vec<u8>, f: impl FnOnce(&Policy, &mut Entry, u64) -> R) -> R {
-        let now = self.now();
         let mut shard = self
             .shard(&key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        // Read under the lock: never older than the time of whoever wrote the state last
+        // (a reading taken before waiting for the lock could refuse a request that fits).
+        let now = self.now();
         let cap = self.shard_cap.load(Ordering::Relaxed);
         let len = shard.map.len();
         if !shard.map.contains_key(&key) && (len >= shard.sweep_at || len >= cap) {
@@ -403,11 +405,11 @@ impl Shared {
     /// Replaces the local state by the shared one, then charges what was admitted here
     /// since the round started.
     fn merge(&self, key: &[u8], words: [u64; MAX_WORDS]) {
-        let now = self.now();
         let mut s = self
             .shard(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let now = self.now();
         let Some(e) = s.map.get_mut(key) else {
             return;
         };

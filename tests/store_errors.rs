@@ -1,0 +1,110 @@
+//! A store that fails: `OnStoreError` decides, for an error known at once and for one that
+//! arrives after the store's future was pending, on HTTP and on the generic service.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use tollgate::{
+    generic::RateLimited, key::Global, store::CheckFuture, BoxError, Decision, Limit, OnStoreError,
+    Policy, Quota, RateLimitLayer, Source, Store, StoreError,
+};
+use tower::{ServiceBuilder, ServiceExt};
+
+/// Always fails: at once, or after yielding once (like a network store that times out).
+struct Broken {
+    policy: Policy,
+    pending: bool,
+}
+
+impl Broken {
+    fn new(pending: bool) -> Self {
+        Broken {
+            policy: Policy::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap()),
+            pending,
+        }
+    }
+}
+
+impl Store<Option<()>> for Broken {
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+    fn check(&self, _: &Option<()>, _: u64) -> CheckFuture {
+        let err = StoreError::Timeout(Duration::from_millis(20));
+        if self.pending {
+            CheckFuture::boxed(async move {
+                tokio::task::yield_now().await;
+                Err(err)
+            })
+        } else {
+            CheckFuture::ready(Err(err))
+        }
+    }
+    fn peek(&self, key: &Option<()>, cost: u64) -> CheckFuture {
+        self.check(key, cost)
+    }
+    fn refund(&self, _: &Option<()>, _: u64) {}
+}
+
+async fn http_status(
+    on_error: OnStoreError,
+    pending: bool,
+) -> (StatusCode, String, Option<Source>) {
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .on_store_error(on_error)
+        .expose_decision(true)
+        .build_with(Broken::new(pending))
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|req: Request<Body>| async move {
+            let source = req.extensions().get::<Decision>().map(|d| d.source());
+            let mut r = Response::new(Body::empty());
+            r.extensions_mut().insert(source);
+            Ok::<_, std::convert::Infallible>(r)
+        });
+    let r = svc.oneshot(Request::new(Body::empty())).await.unwrap();
+    let source = r.extensions().get::<Option<Source>>().copied().flatten();
+    let status = r.status();
+    let body = axum::body::to_bytes(axum::body::Body::new(r.into_body()), 4096)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap(), source)
+}
+
+#[tokio::test]
+async fn http_fails_open_by_default_and_closed_on_request() {
+    for pending in [false, true] {
+        let (status, _, source) = http_status(OnStoreError::FailOpen, pending).await;
+        assert_eq!(status, StatusCode::OK, "pending {pending}");
+        assert_eq!(
+            source,
+            Some(Source::FailOpen),
+            "the decision says why it passed"
+        );
+
+        let (status, body, _) = http_status(OnStoreError::FailClosed, pending).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "pending {pending}");
+        assert!(body.contains("temporary-reduced-capacity"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn generic_fail_closed_returns_the_store_error() {
+    for pending in [false, true] {
+        let layer = RateLimitLayer::builder()
+            .key(tollgate::key::key_fn(|_: &u32| Some(())))
+            .on_store_error(OnStoreError::FailClosed)
+            .build_with_for::<u32, _>(Broken::new(pending))
+            .unwrap()
+            .generic();
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|n: u32| async move { Ok::<_, BoxError>(n) });
+        let err = svc.oneshot(7).await.unwrap_err();
+        assert!(err.downcast_ref::<StoreError>().is_some(), "{err}");
+        assert!(err.downcast_ref::<RateLimited>().is_none());
+    }
+}
