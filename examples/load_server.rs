@@ -14,8 +14,17 @@ use std::net::SocketAddr;
 use axum::{routing::get, Router};
 use tollgate::{key::PeerIp, Quota, RateLimitLayer};
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `WORKERS=1` runs the server on one thread (the benchmark pins it to its own core).
+    let workers = std::env::var("WORKERS").ok().and_then(|w| w.parse().ok());
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        rt.worker_threads(n);
+    }
+    rt.enable_all().build()?.block_on(serve())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "bare".into());
     let port: u16 = args.next().and_then(|p| p.parse().ok()).unwrap_or(8081);
