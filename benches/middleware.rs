@@ -94,7 +94,10 @@ fn headers_floor() -> Batch {
         }
         let h = r.headers_mut();
         h.insert(&RATELIMIT_POLICY, POLICY.clone());
-        h.insert(&RATELIMIT, http::HeaderValue::from_bytes(&buf[..n]).unwrap());
+        h.insert(
+            &RATELIMIT,
+            http::HeaderValue::from_bytes(&buf[..n]).unwrap(),
+        );
         r
     };
     batch(
@@ -293,7 +296,10 @@ fn main() {
         PROFILING.store(true, std::sync::atomic::Ordering::Relaxed);
         let n = std::env::var("TOLLGATE_PROFILE_N").map_or(1_000_000, |n| n.parse().unwrap());
         let who = std::env::var("TOLLGATE_PROFILE_WHO").unwrap_or_else(|_| "tollgate".into());
-        let k = LABELS.iter().position(|l| *l == who).expect("baseline|tollgate|tower_governor");
+        let k = LABELS
+            .iter()
+            .position(|l| *l == who)
+            .expect("baseline|tollgate|tower_governor");
         let rows = ROWS.into_iter().filter(|(name, _)| *name == filter);
         for (name, row) in rows {
             let mut batches = [baseline(), tollgate(row), tower_governor(row)];

@@ -185,6 +185,27 @@ impl StackBuf {
     }
 }
 
+/// `{prefix}{remaining};t={next}` into `buf`; `None` when it does not fit (a long policy
+/// name), and the caller formats it the general way.
+fn one_limit_value(buf: &mut [u8], prefix: &[u8], remaining: u64, next: Duration) -> Option<usize> {
+    let mut digits = itoa::Buffer::new();
+    let r = digits.format(remaining).as_bytes();
+    let mut t_digits = itoa::Buffer::new();
+    let t = t_digits.format(retry_after_secs(next)).as_bytes();
+    let mut n = 0;
+    for part in [prefix, r, b";t=", t] {
+        buf.get_mut(n..n + part.len())?.copy_from_slice(part);
+        n += part.len();
+    }
+    Some(n)
+}
+
+/// A header value from formatted bytes (always valid: policy names were checked when the
+/// layer was built; the empty value is the unreachable fallback).
+fn value_or_empty(bytes: &[u8]) -> HeaderValue {
+    HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 fn push_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
@@ -302,6 +323,13 @@ impl Responder {
     /// The `RateLimit` field value for a decision: formatted on the stack, then copied
     /// once into the header value (one allocation of the exact size).
     pub(crate) fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
+        if let ([l], [prefix]) = (d.limits(), self.prefixes.as_slice()) {
+            // One limit (the common case): one short array, no spill checks.
+            let mut buf = [0u8; 96];
+            if let Some(n) = one_limit_value(&mut buf, prefix, l.remaining(), l.next_after()) {
+                return value_or_empty(&buf[..n]);
+            }
+        }
         let mut buf = StackBuf::default();
         for (i, l) in d.limits().iter().enumerate() {
             if i > 0 {
@@ -316,7 +344,7 @@ impl Responder {
                     .as_bytes(),
             );
         }
-        HeaderValue::from_bytes(buf.as_bytes()).unwrap_or_else(|_| HeaderValue::from_static(""))
+        value_or_empty(buf.as_bytes())
     }
 
     /// Headers for a response to a request with this decision.
@@ -412,6 +440,25 @@ mod tests {
         b.push(b"end");
         assert_eq!(b.as_bytes().len(), 303);
         assert!(b.as_bytes().starts_with(&[b'a'; 300]) && b.as_bytes().ends_with(b"end"));
+    }
+
+    #[test]
+    fn one_limit_values_are_exact_or_left_to_the_general_path() {
+        let prefix = b"\"api\";r=";
+        for (r, t) in [(0, 0), (7, 1), (u64::MAX, u64::MAX), (100, 1_500_000_000)] {
+            let mut buf = [0u8; 96];
+            let n = one_limit_value(&mut buf, prefix, r, Duration::from_nanos(t)).unwrap();
+            let expected = format!(
+                "\"api\";r={r};t={}",
+                retry_after_secs(Duration::from_nanos(t))
+            );
+            assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), expected);
+        }
+        let long = [b'a'; 93];
+        assert_eq!(
+            one_limit_value(&mut [0; 96], &long, 1, Duration::ZERO),
+            None
+        );
     }
 
     #[test]

@@ -98,12 +98,10 @@ pub(super) fn invocation<'a>(
 ) -> redis::ScriptInvocation<'a> {
     if let (Mode::Check | Mode::Peek, Some((t, cap))) = (mode, fast_gcra(limits)) {
         let mut inv = GCRA_SCRIPT.key(key);
-        inv.arg(mode as u8).arg(cost.min(MAX_COST));
-        match now_ns {
-            Some(ns) => inv.arg(ns / 1000).arg(60_000u64),
-            None => inv.arg("").arg(0u64),
-        };
-        inv.arg(t).arg(cap);
+        inv.arg(mode as u8).arg(cost.min(MAX_COST)).arg(t).arg(cap);
+        if let Some(ns) = now_ns {
+            inv.arg(ns / 1000).arg(60_000u64);
+        }
         return inv;
     }
     let mut inv = SCRIPT.key(key);

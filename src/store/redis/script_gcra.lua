@@ -5,21 +5,26 @@
 -- KEYS[1]  the client's state
 -- ARGV[1]  mode: 0 check, 1 peek
 -- ARGV[2]  cost in units
--- ARGV[3]  now in microseconds, or '' for the server's TIME (the override is for tests)
--- ARGV[4]  extra TTL in milliseconds (0 except with the test override)
--- ARGV[5]  emission interval T (ns)
--- ARGV[6]  cap: largest admissible TAT - now (ns)
+-- ARGV[3]  emission interval T (ns)
+-- ARGV[4]  cap: largest admissible TAT - now (ns)
+-- ARGV[5]  (tests only) now in microseconds instead of the server's TIME
+-- ARGV[6]  (tests only) extra TTL in milliseconds
+--
+-- The test-only arguments are absent in production calls: every argument is one more
+-- string for the client to encode and for Redis to parse, on every decision.
 --
 -- Reply: code (0 allowed, 1 denied, 2 exceeds), the fill before the request (ns: TAT - now,
 -- >= 0), now (us). The client rebuilds the full decision from these with the same function
 -- as the in-memory store.
 
 local now
-if ARGV[3] == '' then
+local slack = 0
+if ARGV[5] == nil then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
-  now = tonumber(ARGV[3])
+  now = tonumber(ARGV[5])
+  slack = tonumber(ARGV[6])
 end
 
 local fill = 0
@@ -36,8 +41,8 @@ if raw then
   end
 end
 
-local inc = tonumber(ARGV[2]) * tonumber(ARGV[5])
-local cap = tonumber(ARGV[6])
+local inc = tonumber(ARGV[2]) * tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
 if inc > cap then return { 2, fill, now } end
 local diff = fill + inc
 if diff > cap then return { 1, fill, now } end
@@ -49,7 +54,7 @@ if ARGV[1] == '0' then
     local n = diff + 999999
     local ms = math.floor(n / 1000000)
     if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', ms + tonumber(ARGV[4]))
+    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', ms + slack)
   end
 end
 return { 0, fill, now }
