@@ -173,6 +173,20 @@ async fn main() {
                     }
                 }
             };
+            // `TOLLGATE_REDIS_SIDE=tollgate` (or `bare`) runs one side only, for profilers.
+            match std::env::var("TOLLGATE_REDIS_SIDE").as_deref() {
+                Ok("tollgate") => {
+                    ours.push(drive(tollgate_side, keys).await);
+                    bare.push(1.0);
+                    continue;
+                }
+                Ok("bare") => {
+                    bare.push(drive(bare_side, keys).await);
+                    ours.push(1.0);
+                    continue;
+                }
+                _ => {}
+            }
             // Interleave the order so drift on the machine hits both sides alike.
             if round % 2 == 0 {
                 ours.push(drive(tollgate_side, keys).await);

@@ -7,6 +7,11 @@
 //!                                                             # admits everything, IETF headers on
 //! cargo run --release --example load_server -- limited-noheaders 8084  # same, headers off
 //! cargo run --release --example load_server -- refusing 8083  # same, but nearly all refused
+//! cargo run --release --example load_server -- noop 8085      # a layer doing nothing
+//! cargo run --release --example load_server -- governor 8086  # tower_governor, per peer IP,
+//!                                                             # admits everything, no headers
+//! cargo run --release --example load_server -- governor-headers 8087  # same, its headers on
+//! WORKERS=1 cargo run --release --example load_server -- bare 8081  # one worker thread
 //! ```
 
 use std::net::SocketAddr;
@@ -37,6 +42,17 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
                 .token_bucket(Quota::per_second(1_000_000_000)?.with_burst(1_000_000)?)
                 .build()?,
         ),
+        // The peer, for the instruction counts of `bench/http_instructions.sh`: tower_governor
+        // keyed by peer IP, a limit nothing exhausts, without and with its headers.
+        "governor" => app.layer(tower_governor::GovernorLayer::new(
+            governor_config().finish().ok_or("tower_governor config")?,
+        )),
+        "governor-headers" => app.layer(tower_governor::GovernorLayer::new(
+            governor_config()
+                .use_headers()
+                .finish()
+                .ok_or("tower_governor config")?,
+        )),
         // Any layer at all, doing nothing: what axum's `Router::layer` itself costs.
         "noop" => app.layer(tower::util::MapResponseLayer::new(|r| r)),
         "limited-noheaders" => app.layer(
@@ -54,7 +70,7 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         ),
         other => {
             return Err(format!(
-                "unknown mode {other:?}: bare | limited | limited-noheaders | refusing"
+                "unknown mode {other:?}: bare | limited | limited-noheaders | refusing | noop | governor | governor-headers"
             )
             .into())
         }
@@ -67,4 +83,16 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// tower_governor keyed by peer IP (its default) with a limit nothing exhausts.
+fn governor_config() -> tower_governor::governor::GovernorConfigBuilder<
+    tower_governor::key_extractor::PeerIpKeyExtractor,
+    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+> {
+    let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+    config
+        .period(std::time::Duration::from_nanos(1))
+        .burst_size(1_000_000);
+    config
 }
