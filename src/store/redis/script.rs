@@ -87,35 +87,56 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
     Ok(args)
 }
 
+/// One script call, ready to send: the script (for reloading it after a `NOSCRIPT`) and
+/// its `EVALSHA` command, built straight into one buffer (redis-rs's `ScriptInvocation`
+/// keeps every argument in its own allocation and then copies them into a command).
+pub(super) struct Invocation {
+    pub(super) script: &'static Script,
+    pub(super) cmd: redis::Cmd,
+}
+
 /// Builds one invocation: the fast GCRA script for checks and peeks of a single
 /// GCRA-based limit, the general script otherwise.
-pub(super) fn invocation<'a>(
+pub(super) fn invocation(
     key: &[u8],
     mode: Mode,
     cost: u64,
     now_ns: Option<u64>,
     limits: &[u64],
-) -> redis::ScriptInvocation<'a> {
-    if let (Mode::Check | Mode::Peek, Some((t, cap))) = (mode, fast_gcra(limits)) {
-        let mut inv = GCRA_SCRIPT.key(key);
-        inv.arg(mode as u8).arg(cost.min(MAX_COST)).arg(t).arg(cap);
+) -> Invocation {
+    let fast = match mode {
+        Mode::Check | Mode::Peek => fast_gcra(limits),
+        _ => None,
+    };
+    let script: &'static Script = if fast.is_some() {
+        &GCRA_SCRIPT
+    } else {
+        &SCRIPT
+    };
+    let mut cmd = redis::Cmd::with_capacity(10 + limits.len(), 96 + key.len() + 8 * limits.len());
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(1)
+        .arg(key)
+        .arg(mode as u8)
+        .arg(cost.min(MAX_COST));
+    if let Some((t, cap)) = fast {
+        cmd.arg(t).arg(cap);
         if let Some(ns) = now_ns {
-            inv.arg(ns / 1000).arg(60_000u64);
+            cmd.arg(ns / 1000).arg(60_000u64);
         }
-        return inv;
+        return Invocation { script, cmd };
     }
-    let mut inv = SCRIPT.key(key);
-    inv.arg(mode as u8).arg(cost.min(MAX_COST));
     match now_ns {
         // The override runs in fake time: give the TTL slack so real time cannot expire
         // state that the fake clock still considers live.
-        Some(ns) => inv.arg(ns / 1000).arg(60_000u64),
-        None => inv.arg("").arg(0u64),
+        Some(ns) => cmd.arg(ns / 1000).arg(60_000u64),
+        None => cmd.arg("").arg(0u64),
     };
     for a in limits {
-        inv.arg(*a);
+        cmd.arg(*a);
     }
-    inv
+    Invocation { script, cmd }
 }
 
 /// `(T, cap)` when the limit arguments describe one GCRA-based limit.

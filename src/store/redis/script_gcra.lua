@@ -30,9 +30,8 @@ end
 local fill = 0
 local raw = redis.call('GET', KEYS[1])
 if raw then
-  local sp = string.find(raw, ' ', 1, true)
-  local at = tonumber(string.sub(raw, 1, sp - 1))
-  local f = tonumber(string.sub(raw, sp + 1))
+  local a, b = string.match(raw, '(%d+) (%d+)')
+  local at, f = tonumber(a), tonumber(b)
   if at <= now then
     local d = (now - at) * 1000
     if d < f then fill = f - d end
@@ -54,7 +53,9 @@ if ARGV[1] == '0' then
     local n = diff + 999999
     local ms = math.floor(n / 1000000)
     if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', ms + slack)
+    -- Both formatted as integers here: a Lua number passed to redis.call is formatted
+    -- with '%.14g', a floating-point conversion several times as costly.
+    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', string.format('%d', ms + slack))
   end
 end
 return { 0, fill, now }

@@ -82,14 +82,26 @@ impl RedisConnection {
         Ok(client.get_async_connection().await.map_err(backend)?.into())
     }
 
-    pub(super) async fn invoke(
-        &self,
-        inv: &redis::ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    /// Sends one script call; a server that lost its scripts (`NOSCRIPT`: restarted, or
+    /// `SCRIPT FLUSH`) gets the script loaded again and the call repeated once.
+    pub(super) async fn invoke(&self, inv: &script::Invocation) -> Result<Vec<i64>, StoreError> {
         match &self.conn {
-            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
-            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await.map_err(backend),
+            Conn::Single(c) => run(inv, &mut c.clone()).await.map_err(backend),
+            Conn::Cluster(c) => run(inv, &mut c.clone()).await.map_err(backend),
         }
+    }
+}
+
+async fn run<C: redis::aio::ConnectionLike>(
+    inv: &script::Invocation,
+    conn: &mut C,
+) -> redis::RedisResult<Vec<i64>> {
+    match inv.cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            inv.script.load_async(conn).await?;
+            inv.cmd.query_async(conn).await
+        }
+        r => r,
     }
 }
 
