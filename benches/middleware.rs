@@ -18,7 +18,13 @@
 //! request per hour during setup; tollgate answers with its defaults, `Retry-After`, the
 //! IETF fields and a problem+json body). `allowed/tsc-store` is tollgate on a
 //! [`MemoryStore`] with the default clock instead of the layer's default store, which
-//! follows tokio's clock (so paused-time tests drive it).
+//! follows tokio's clock (so paused-time tests drive it). `headers-floor` has no limiter
+//! on the tollgate side: only the two IETF fields added to every response, the cheapest
+//! way `http` allows, to show what sending them costs by itself.
+//!
+//! `TOLLGATE_PROFILE=<row> [TOLLGATE_PROFILE_WHO=baseline|tollgate|tower_governor]
+//! [TOLLGATE_PROFILE_N=1000000]` runs one contender's batch of that row only, for
+//! profilers (`valgrind --tool=callgrind`, `perf`).
 
 use std::{
     convert::Infallible,
