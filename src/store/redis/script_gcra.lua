@@ -53,8 +53,9 @@ if ARGV[1] == '0' then
     local n = diff + 999999
     local ms = math.floor(n / 1000000)
     if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    -- Both formatted as integers here: a Lua number passed to redis.call is formatted
-    -- with '%.14g', a floating-point conversion several times as costly.
+    -- Both formatted as integers here: Redis turns a Lua number argument of redis.call
+    -- into text with a floating-point conversion ('%.17g' in Redis 7.0), several times
+    -- as costly.
     redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', string.format('%d', ms + slack))
   end
 end
