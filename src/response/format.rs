@@ -145,7 +145,7 @@ fn sf_string(s: &str, out: &mut Vec<u8>) {
 }
 
 /// A small on-stack buffer for header values; spills to the heap only past 256 bytes
-/// (four limits with long names).
+/// (four limits with long names). Pushing is inlined; only the spill is a call.
 struct StackBuf {
     len: usize,
     stack: [u8; 256],
@@ -163,19 +163,25 @@ impl Default for StackBuf {
 }
 
 impl StackBuf {
+    #[inline]
     fn push(&mut self, bytes: &[u8]) {
         let end = self.len + bytes.len();
-        if self.heap.is_empty() && end <= self.stack.len() {
-            self.stack[self.len..end].copy_from_slice(bytes);
-        } else {
-            if self.heap.is_empty() {
-                self.heap.extend_from_slice(&self.stack[..self.len]);
-            }
-            self.heap.extend_from_slice(bytes);
+        match self.stack.get_mut(self.len..end) {
+            Some(dst) if self.heap.is_empty() => dst.copy_from_slice(bytes),
+            _ => self.spill(bytes),
         }
         self.len = end;
     }
 
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    #[inline]
     fn as_bytes(&self) -> &[u8] {
         if self.heap.is_empty() {
             &self.stack[..self.len]
@@ -183,21 +189,6 @@ impl StackBuf {
             &self.heap
         }
     }
-}
-
-/// `{prefix}{remaining};t={next}` into `buf`; `None` when it does not fit (a long policy
-/// name), and the caller formats it the general way.
-fn one_limit_value(buf: &mut [u8], prefix: &[u8], remaining: u64, next: Duration) -> Option<usize> {
-    let mut digits = itoa::Buffer::new();
-    let r = digits.format(remaining).as_bytes();
-    let mut t_digits = itoa::Buffer::new();
-    let t = t_digits.format(retry_after_secs(next)).as_bytes();
-    let mut n = 0;
-    for part in [prefix, r, b";t=", t] {
-        buf.get_mut(n..n + part.len())?.copy_from_slice(part);
-        n += part.len();
-    }
-    Some(n)
 }
 
 /// A header value from formatted bytes (always valid: policy names were checked when the
@@ -323,13 +314,6 @@ impl Responder {
     /// The `RateLimit` field value for a decision: formatted on the stack, then copied
     /// once into the header value (one allocation of the exact size).
     pub(crate) fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
-        if let ([l], [prefix]) = (d.limits(), self.prefixes.as_slice()) {
-            // One limit (the common case): one short array, no spill checks.
-            let mut buf = [0u8; 96];
-            if let Some(n) = one_limit_value(&mut buf, prefix, l.remaining(), l.next_after()) {
-                return value_or_empty(&buf[..n]);
-            }
-        }
         let mut buf = StackBuf::default();
         for (i, l) in d.limits().iter().enumerate() {
             if i > 0 {
@@ -440,25 +424,6 @@ mod tests {
         b.push(b"end");
         assert_eq!(b.as_bytes().len(), 303);
         assert!(b.as_bytes().starts_with(&[b'a'; 300]) && b.as_bytes().ends_with(b"end"));
-    }
-
-    #[test]
-    fn one_limit_values_are_exact_or_left_to_the_general_path() {
-        let prefix = b"\"api\";r=";
-        for (r, t) in [(0, 0), (7, 1), (u64::MAX, u64::MAX), (100, 1_500_000_000)] {
-            let mut buf = [0u8; 96];
-            let n = one_limit_value(&mut buf, prefix, r, Duration::from_nanos(t)).unwrap();
-            let expected = format!(
-                "\"api\";r={r};t={}",
-                retry_after_secs(Duration::from_nanos(t))
-            );
-            assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), expected);
-        }
-        let long = [b'a'; 93];
-        assert_eq!(
-            one_limit_value(&mut [0; 96], &long, 1, Duration::ZERO),
-            None
-        );
     }
 
     #[test]

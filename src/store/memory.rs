@@ -5,7 +5,7 @@ use std::{
     hash::{BuildHasher, Hash},
     sync::{
         atomic::{AtomicU64, Ordering},
-        Mutex, PoisonError, RwLock,
+        Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
     },
 };
 
@@ -64,6 +64,20 @@ struct ShardInner<K> {
     one: HashTable<(K, AtomicU64)>,
     many: HashTable<(K, Mutex<Box<[u64]>>)>,
     sweep_at: usize,
+}
+
+impl<K> Shard<K> {
+    /// The shard's tables for lookups. A poisoned lock (a panic while it was held) is used
+    /// as it is, so that one panic does not fail every later request on the shard.
+    #[inline]
+    fn read(&self) -> RwLockReadGuard<'_, ShardInner<K>> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The shard's tables for inserts and sweeps (poisoning as in [`Shard::read`]).
+    fn write(&self) -> RwLockWriteGuard<'_, ShardInner<K>> {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Counters of a [`MemoryStore`].
@@ -206,7 +220,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             // The hot path: a known key under a single GCRA limit. The decision is built
             // once, here, straight into the caller's return slot.
             let found = {
-                let inner = shard.inner.read().unwrap_or_else(PoisonError::into_inner);
+                let inner = shard.read();
                 inner
                     .one
                     .find(hash, |e| e.0 == *key)
@@ -216,7 +230,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
                 return Decision::single(outcome, report);
             }
         } else {
-            let inner = shard.inner.read().unwrap_or_else(PoisonError::into_inner);
+            let inner = shard.read();
             if let Some(d) = self.update_existing(&inner, hash, key, cost, now) {
                 return d;
             }
@@ -241,7 +255,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
         if self.policy.max_cost() < cost {
             return self.policy.eval(&[0; MAX_WORDS], now(), cost).0;
         }
-        let mut inner = shard.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = shard.write();
         if let Some(d) = self.update_existing(&inner, hash, key, cost, now) {
             return d; // inserted meanwhile by another thread
         }
@@ -277,11 +291,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// The peek, with the clock read once the key's state is in hand (as in `check_with`).
     fn peek_with(&self, key: &K, cost: u64, now: impl Fn() -> u64) -> Decision {
         let hash = self.hasher.hash_one(key);
-        let inner = self
-            .shard(hash)
-            .inner
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let inner = self.shard(hash).read();
         if self.gcra.is_some() {
             let tat = inner
                 .one
@@ -303,11 +313,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
 
     fn refund_with(&self, key: &K, cost: u64, now: impl Fn() -> u64) {
         let hash = self.hasher.hash_one(key);
-        let inner = self
-            .shard(hash)
-            .inner
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let inner = self.shard(hash).read();
         if let Some(g) = &self.gcra {
             if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
                 let _ = e.1.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
@@ -327,7 +333,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             .shards
             .iter()
             .map(|s| {
-                let i = s.inner.read().unwrap_or_else(PoisonError::into_inner);
+                let i = s.read();
                 i.one.len() + i.many.len()
             })
             .sum();
@@ -353,7 +359,7 @@ impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     pub fn sweep(&self) {
         let now = self.clock.now();
         for s in self.shards.iter() {
-            let mut inner = s.inner.write().unwrap_or_else(PoisonError::into_inner);
+            let mut inner = s.write();
             self.sweep_fresh(&mut inner, now);
         }
     }

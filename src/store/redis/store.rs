@@ -283,16 +283,17 @@ impl Shared {
     }
 
     async fn decide(&self, key: Vec<u8>, mode: Mode, cost: u64) -> Result<Decision, StoreError> {
-        let sent = Instant::now();
+        // A refusal is remembered from when the call was sent (the conservative end);
+        // only checks with the negative cache on can need that time.
+        let cache = self.negative.as_ref().filter(|_| mode == Mode::Check);
+        let sent = cache.map(|_| Instant::now());
         let result = match self.guarded_call(&key, mode, cost).await {
             Ok(reply) => script::decode_decision(&reply, &self.policy, cost).map(|(d, _)| d),
             Err(e) => Err(e),
         };
         match result {
             Ok(d) => {
-                if let (Mode::Check, Some(n), Outcome::Denied { .. }) =
-                    (mode, &self.negative, d.outcome)
-                {
+                if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
                     n.insert(key, cost, sent, d);
                 }
                 Ok(d)
