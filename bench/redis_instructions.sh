@@ -3,36 +3,60 @@
 # per decision, client and server, for tollgate's RedisStore and for the bare GCRA script
 # (the "100 000 random keys, admitted" scenario). A redis-server on PORT runs under
 # valgrind's callgrind, the benchmark (one side at a time, TOLLGATE_REDIS_SIDE) runs under
-# callgrind too, and the counts are divided by the EVALSHA calls Redis reports. Timed runs
-# on a shared 2-core machine move by several percent between runs; these counts do not.
+# callgrind too. Once WARM decisions have been made (connections open, scripts loaded and
+# compiled), both counters are zeroed; SECS seconds later both are dumped and the counts
+# are divided by the EVALSHA calls Redis reports in between (SECS must end before the
+# benchmark does: it runs about 10 s under callgrind). Only the steady state is
+# counted. The store's deadline is raised to 60 s: under callgrind round trips take longer
+# than the default 200 ms, and decisions past it would fall back to the local limiter. Timed runs on a shared 2-core machine move by several percent between runs;
+# these counts do not.
 #
 #   bash bench/redis_instructions.sh           # needs valgrind and redis-server
+#   SECS=8 WARM=1000 bash bench/redis_instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-16390}
+SECS=${SECS:-6}
+WARM=${WARM:-500}
+SIDES=${SIDES:-bare tollgate}
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
 command -v redis-server >/dev/null || { echo "installing redis-server"; apt-get install -y -qq redis-server >/dev/null; }
 bench=$(cargo bench --features redis --bench redis --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
-out=$(mktemp -d)
-trap 'pkill -9 -f "callgrind.*redis-server.*$PORT" 2>/dev/null || true; rm -rf "$out"' EXIT
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+cleanup() {
+  pkill -9 -f "callgrind.*redis-server.*$PORT" 2>/dev/null || true
+  pkill -9 -f "callgrind.*$(basename "$bench")" 2>/dev/null || true
+  [[ -n ${OUT:-} ]] || rm -rf "$out"
+}
+trap cleanup EXIT
+evalsha() { redis-cli -p "$PORT" info commandstats | awk -F'[=,]' '/cmdstat_evalsha/ {print $2}'; }
+summary() { grep -h '^summary:' "$@" | awk '{print $2}' | tail -1; }
 
-echo "| side | decisions | client instructions per decision | server instructions per decision | total |"
+echo "| side | decisions counted | client instructions per decision | server instructions per decision | total |"
 echo "|---|---|---|---|---|"
-for side in bare tollgate; do
+for side in $SIDES; do
+  rm -f "$out"/srv."$side"* "$out"/cli."$side"*
   valgrind --tool=callgrind --callgrind-out-file="$out/srv.$side" \
     redis-server --port "$PORT" --save "" --appendonly no >/dev/null 2>&1 &
   spid=$!
   for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  redis-cli -p "$PORT" config resetstat >/dev/null
-  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_SCENARIO=random \
-    valgrind --tool=callgrind --callgrind-out-file="$out/cli.$side" "$bench" >/dev/null 2>"$out/cli.$side.log"
-  calls=$(redis-cli -p "$PORT" info commandstats | awk -F'[=,]' '/cmdstat_evalsha/ {print $2}')
-  callgrind_control --dump=measured "$spid" >/dev/null 2>&1 || true
-  sleep 1
-  kill -9 "$spid" 2>/dev/null || true
-  wait "$spid" 2>/dev/null || true
-  cli=$(awk '/refs/ {gsub(",", "", $4); print $4}' "$out/cli.$side.log")
-  srv=$(grep -h '^summary:' "$out"/srv."$side".* | awk '{print $2}' | tail -1)
+  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_SCENARIO=random TOLLGATE_REDIS_DEADLINE_MS=60000 \
+    valgrind --tool=callgrind --callgrind-out-file="$out/cli.$side" "$bench" >/dev/null 2>"$out/cli.$side.log" &
+  cpid=$!
+  for _ in $(seq 600); do [[ $(evalsha || true) -ge $WARM ]] 2>/dev/null && break; sleep 0.2; done
+  callgrind_control --zero "$spid" >/dev/null
+  callgrind_control --zero "$cpid" >/dev/null
+  c0=$(evalsha)
+  sleep "$SECS"
+  callgrind_control --dump=measured "$cpid" >/dev/null
+  callgrind_control --dump=measured "$spid" >/dev/null
+  c1=$(evalsha)
+  kill -9 "$cpid" "$spid" 2>/dev/null || true
+  wait "$cpid" "$spid" 2>/dev/null || true
+  calls=$((c1 - c0))
+  cli=$(summary "$out"/cli."$side".*)
+  srv=$(summary "$out"/srv."$side".*)
   echo "| $side | $calls | $((cli / calls)) | $((srv / calls)) | $(((cli + srv) / calls)) |"
 done

@@ -12,7 +12,7 @@ use std::{collections::HashSet, time::Duration};
 use equiv::{compare, ops_strategy, policy_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
-use redis_support::RedisCluster;
+use redis_support::{stored_words, RedisCluster};
 use tollgate::{
     store::{RedisConnection, RedisStore, Store},
     Limit, Policy, Quota, Source,
@@ -70,9 +70,9 @@ fn semantics_through_a_cluster() {
             assert_eq!(d.source(), Source::Store);
             assert!(d.is_allowed());
             let rkey = store.redis_key(key.as_str());
-            let raw: String = admin.get(&rkey).await.unwrap();
-            let words: Vec<u64> = raw.split(' ').map(|w| w.parse().unwrap()).collect();
-            assert_eq!(words.len(), 4, "{raw}");
+            let raw: Vec<u8> = admin.get(&rkey).await.unwrap();
+            let words = stored_words(&raw);
+            assert_eq!(words.len(), 4, "{raw:?}");
             assert_eq!(words[1], 200_000_000, "fill of 2 units at 100 ms each");
             assert_eq!(words[3], 2);
             let pttl: i64 = admin.pttl(&rkey).await.unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use equiv::{compare, ops_strategy, policy_strategy};
 use proptest::test_runner::{Config, TestRunner};
-use redis_support::Target;
+use redis_support::{stored_words, Target};
 use tollgate::{
     store::{RedisConnection, RedisStore, Store},
     ConfigError, Limit, Outcome, Policy, Quota, Source,
@@ -127,6 +127,58 @@ async fn cmd<T: redis::FromRedisValue>(
     c.query_async(con).await.unwrap()
 }
 
+/// A value the scripts did not write (another stored format, another tool's key) is read
+/// as no state and replaced, through both scripts: the one-limit fast path and the general
+/// one (several limits, and refunds).
+#[test]
+fn foreign_values_are_read_as_fresh_state() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let client = redis::Client::open(target.url()).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let one = Policy::new(
+            Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
+        );
+        let two = one
+            .clone()
+            .and(Limit::fixed_window(Quota::per_minute(100).unwrap()).unwrap())
+            .unwrap();
+        for (policy, words) in [(one, 2), (two, 4)] {
+            let store = RedisStore::builder(policy)
+                .namespace("foreign-test")
+                .build(conn.clone())
+                .unwrap();
+            let key = format!("foreign-{}-{words}", std::process::id());
+            let rkey = store.redis_key(key.as_str());
+            for foreign in [
+                &b"1700000000000000 300000000"[..], // decimal text, as `v1` was
+                b"",
+                &[7; 24],
+                &[0xff; 16],                                             // NaN
+                &[0, 0, 0, 0, 0, 0, 0xf0, 0x7f, 0, 0, 0, 0, 0, 0, 0, 0], // +inf, 0
+                &[0, 0, 0, 0, 0, 0, 0xf0, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0], // -1, 0
+            ] {
+                let _: () = cmd(&mut con, &[b"SET", &rkey, foreign]).await;
+                let d = store.check(&key, 1).await.unwrap();
+                assert!(d.is_allowed(), "{foreign:?}");
+                assert_eq!(d.remaining(), 4, "{foreign:?} read as fresh");
+                let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
+                assert_eq!(stored_words(&raw).len(), words, "{foreign:?} replaced");
+                let _: () = cmd(&mut con, &[b"SET", &rkey, foreign]).await;
+                let now_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64;
+                store.refund_at(&key, 1, now_ns).await.unwrap();
+                let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
+                assert_eq!(raw, foreign, "a refund of no state writes nothing");
+            }
+        }
+    });
+}
+
 #[test]
 fn ttl_is_time_to_fresh_and_values_are_integers() {
     let Some(target) = Target::get() else { return };
@@ -159,14 +211,12 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         );
         eprintln!("PTTL {pttl} ms, time to full {expect_ms} ms");
 
-        // The stored value is plain integers: write time (µs) and fill (ns) = reset_after.
-        let raw: String = cmd(&mut con, &[b"GET", &rkey]).await;
-        let words: Vec<u64> = raw
-            .split(' ')
-            .map(|w| w.parse().expect("integer"))
-            .collect();
-        assert_eq!(words.len(), 2, "{raw}");
-        assert_eq!(words[1], last.reset_after().as_nanos() as u64, "{raw}");
+        // The stored value is integers as little-endian doubles: write time (µs) and fill
+        // (ns) = reset_after.
+        let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
+        let words = stored_words(&raw);
+        assert_eq!(words.len(), 2, "{raw:?}");
+        assert_eq!(words[1], last.reset_after().as_nanos() as u64, "{raw:?}");
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
         let server_us = secs * 1_000_000 + micros;
         assert!(
@@ -179,7 +229,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         // Exhaust, then a refusal does not extend the TTL.
         while store.check(&key, 1).await.unwrap().is_allowed() {}
         let before: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
-        let raw_before: String = cmd(&mut con, &[b"GET", &rkey]).await;
+        let raw_before: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let no_cache = RedisStore::builder(store.policy().clone())
             .namespace("ttl-test")
@@ -189,7 +239,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let refused = no_cache.check(&key, 1).await.unwrap();
         assert!(!refused.is_allowed());
         let after: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
-        let raw_after: String = cmd(&mut con, &[b"GET", &rkey]).await;
+        let raw_after: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         assert_eq!(raw_before, raw_after, "a refusal writes nothing");
         assert!(
             after <= before - 15,
@@ -224,12 +274,9 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let d = multi.check(&key, 3).await.unwrap();
         assert!(d.is_allowed());
         let mkey = multi.redis_key(key.as_str());
-        let raw: String = cmd(&mut con, &[b"GET", &mkey]).await;
-        let words: Vec<u64> = raw
-            .split(' ')
-            .map(|w| w.parse().expect("integer"))
-            .collect();
-        assert_eq!(words.len(), 1 + 1 + 3 + 2, "{raw}");
+        let raw: Vec<u8> = cmd(&mut con, &[b"GET", &mkey]).await;
+        let words = stored_words(&raw);
+        assert_eq!(words.len(), 1 + 1 + 3 + 2, "{raw:?}");
         assert_eq!(words[1], d.limits()[0].reset_after().as_nanos() as u64);
         assert_eq!(words[4], 3);
         assert_eq!(words[6], 3);

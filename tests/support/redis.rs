@@ -275,3 +275,15 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 }
+
+/// A stored value's words: 8-byte little-endian doubles, each a whole number.
+pub fn stored_words(raw: &[u8]) -> Vec<u64> {
+    assert_eq!(raw.len() % 8, 0, "{raw:?}");
+    raw.chunks_exact(8)
+        .map(|c| {
+            let w = f64::from_le_bytes(c.try_into().unwrap());
+            assert!(w >= 0.0 && w.fract() == 0.0 && w < 2f64.powi(53), "{w}");
+            w as u64
+        })
+        .collect()
+}

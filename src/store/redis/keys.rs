@@ -1,4 +1,4 @@
-//! Redis key names: `{namespace}:v1:{fingerprint}:{material}` with the material in braces
+//! Redis key names: `{namespace}:v2:{fingerprint}:{material}` with the material in braces
 //! (the cluster hash tag).
 
 use crate::{error::ConfigError, store::KeyBytes, Policy};
@@ -27,9 +27,9 @@ pub(super) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The key prefix of one policy: `{namespace}:v1:{fingerprint as 16 hex digits}:{`.
+/// The key prefix of one policy: `{namespace}:v2:{fingerprint as 16 hex digits}:{`.
 pub(super) fn prefix(namespace: &str, policy: &Policy) -> Vec<u8> {
-    format!("{namespace}:v1:{:016x}:{{", policy.fingerprint()).into_bytes()
+    format!("{namespace}:v2:{:016x}:{{", policy.fingerprint()).into_bytes()
 }
 
 /// The full Redis key of `key` under `prefix`.
@@ -64,7 +64,7 @@ mod tests {
         let k = String::from_utf8(redis_key(&p, "192.0.2.1")).unwrap();
         assert_eq!(
             k,
-            format!("tollgate:v1:{:016x}:{{192.0.2.1}}", policy().fingerprint())
+            format!("tollgate:v2:{:016x}:{{192.0.2.1}}", policy().fingerprint())
         );
     }
 

@@ -25,9 +25,13 @@
 //!
 //! # Keys
 //!
-//! One client's state for one policy is ONE Redis key, holding every limit's state as a
-//! string of decimal integers, so one call is atomic and slot-safe in a cluster:
-//! `{namespace}:v1:{policy fingerprint, 16 hex digits}:{key material}`. The braces are
+//! One client's state for one policy is ONE Redis key, holding every limit's state as
+//! integers packed as little-endian doubles (8 bytes each; Lua's `struct` library, which
+//! Redis bundles), so one call is atomic and slot-safe in a cluster:
+//! `{namespace}:v2:{policy fingerprint, 16 hex digits}:{key material}`. The `v2` is the
+//! stored format's version (`v1`, never released, held decimal text, which cost the
+//! scripts more to parse and print than the rest of their work); a value of another
+//! length is read as no state. The braces are
 //! the cluster hash tag (never a constant one, so clients spread over the shards). Key
 //! material is the key's [`KeyBytes`](crate::store::KeyBytes); when it is longer than 64 bytes or holds anything
 //! but printable ASCII (or `{`, `}`, `#`) it is replaced by `#` and its SHA-1 in hex

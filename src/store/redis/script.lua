@@ -10,13 +10,16 @@
 --            2 w limit             fixed window, w in microseconds
 --            3 w limit             sliding window, w in microseconds
 --
--- Stored value: decimal integers separated by spaces: the write time (us), then per limit
--- GCRA: fill (ns: TAT minus the write time, >= 0) | fixed: tag count | sliding: tag prev cur.
--- Every number stays below 2^53 (checked when the store is built), so doubles are exact.
+-- Stored value: integers as little-endian doubles (8 bytes each, Lua's struct 'd'): the
+-- write time (us), then per limit GCRA: fill (ns: TAT minus the write time, >= 0) |
+-- fixed: tag count | sliding: tag prev cur. Every number stays below 2^53 (checked when
+-- the store is built), so doubles are exact. Binary rather than decimal text because
+-- parsing a 16-digit time (strtod's slow path) and printing it were most of the fast
+-- script's own work; a value of another length or with another number is no state.
 --
 -- Reply (modes 0, 1): n, then per limit: code (0 allowed, 1 denied, 2 exceeds), value
--- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns);
--- then now (us). Mode 2: {} or {now}. Mode 3: now, then the stored words after the charge.
+-- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns).
+-- Mode 2: {} or {now}. Mode 3: now, then the stored words after the charge.
 
 local mode = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
@@ -58,12 +61,20 @@ for j = 1, n do
 end
 
 local key = KEYS[1]
+local fmt = '<' .. string.rep('d', words)
 local s = {}
 local raw = redis.call('GET', key)
-if raw then
-  for w in string.gmatch(raw, '%d+') do s[#s + 1] = tonumber(w) end
+local existed = false
+if raw and #raw == 8 * words then
+  s = { struct.unpack(fmt, raw) }
+  s[words + 1] = nil -- unpack's last result is the position after the data
+  -- Anything but integers in [0, 2^53) (another tool's value, NaN, infinity) is no state.
+  existed = true
+  for j = 1, words do
+    local w = s[j]
+    if not (w >= 0 and w < 9007199254740992) then existed = false end
+  end
 end
-local existed = (#s == words)
 if not existed then
   s = {}
   for j = 1, words do s[j] = 0 end
@@ -211,10 +222,9 @@ local function store()
     return
   end
   s[1] = now
-  local parts = {}
-  for j = 1, words do parts[j] = string.format('%d', s[j]) end
   local ms = idiv(reset + 999999, 1000000) + extra
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', ms)
+  -- PX as integer text: a Lua number would be printed with '%.17g'.
+  redis.call('SET', key, struct.pack(fmt, unpack(s, 1, words)), 'PX', string.format('%d', ms))
 end
 
 local function put_fills()
@@ -323,5 +333,4 @@ for j = 1, n do
   out[b + 5] = r[3]
   out[b + 6] = r[4]
 end
-out[#out + 1] = now
 return out

@@ -158,13 +158,12 @@ pub(super) fn decode_decision(
     reply: &[i64],
     policy: &Policy,
     cost: u64,
-) -> Result<(Decision, u64), StoreError> {
-    if let (3, Some(g)) = (reply.len(), policy.single_gcra()) {
+) -> Result<Decision, StoreError> {
+    if let (2, Some(g)) = (reply.len(), policy.single_gcra()) {
         // Fast path: the same decision function as the memory store, on the server's fill.
-        let nn = |v: i64| u64::try_from(v).map_err(|_| bad_reply("negative value"));
-        let (fill, now_us) = (nn(reply[1])?, nn(reply[2])?);
-        let now = now_us * 1000;
-        let (outcome, _, report) = g.eval(now + fill, now, cost.min(MAX_COST));
+        // GCRA depends on TAT - now alone, so "now" is 0 here and the TAT is the fill.
+        let fill = u64::try_from(reply[1]).map_err(|_| bad_reply("negative value"))?;
+        let (outcome, _, report) = g.eval(fill, 0, cost.min(MAX_COST));
         let code = match outcome {
             Outcome::Allowed { .. } => 0,
             Outcome::Denied { .. } => 1,
@@ -173,13 +172,10 @@ pub(super) fn decode_decision(
         if code != reply[0] {
             return Err(bad_reply("fast GCRA outcome disagrees with the client"));
         }
-        return Ok((
-            Decision::single(outcome, report).with_source(Source::Store),
-            now_us,
-        ));
+        return Ok(Decision::single(outcome, report).with_source(Source::Store));
     }
     let n = policy.limits().len();
-    if reply.len() != 2 + 6 * n || reply[0] != n as i64 {
+    if reply.len() != 1 + 6 * n || reply[0] != n as i64 {
         return Err(bad_reply("length"));
     }
     let nn = |v: i64| u64::try_from(v).map_err(|_| bad_reply("negative value"));
@@ -215,16 +211,12 @@ pub(super) fn decode_decision(
             wait: Duration::from_nanos(wait),
         }
     };
-    let now_us = nn(reply[reply.len() - 1])?;
-    Ok((
-        Decision {
-            outcome,
-            source: Source::Store,
-            len: n as u8,
-            limits: reports,
-        },
-        now_us,
-    ))
+    Ok(Decision {
+        outcome,
+        source: Source::Store,
+        len: n as u8,
+        limits: reports,
+    })
 }
 
 /// Turns a sync reply into the server's time (ns) and the state words in the in-memory

@@ -1,6 +1,7 @@
 -- tollgate: the fast path for a policy of one GCRA-based limit (token bucket, leaky meter,
--- leaky queue), check and peek only. Same stored format as script.lua ("write_us fill_ns"),
--- so refunds and syncs through the general script see the same state.
+-- leaky queue), check and peek only. Same stored format as script.lua (two little-endian
+-- doubles: write time in us, fill in ns), so refunds and syncs through the general script
+-- see the same state.
 --
 -- KEYS[1]  the client's state
 -- ARGV[1]  mode: 0 check, 1 peek
@@ -14,7 +15,7 @@
 -- string for the client to encode and for Redis to parse, on every decision.
 --
 -- Reply: code (0 allowed, 1 denied, 2 exceeds), the fill before the request (ns: TAT - now,
--- >= 0), now (us). The client rebuilds the full decision from these with the same function
+-- >= 0). GCRA only looks at TAT - now, so the client needs no time: it rebuilds the full decision from these with the same function
 -- as the in-memory store.
 
 local now
@@ -29,9 +30,12 @@ end
 
 local fill = 0
 local raw = redis.call('GET', KEYS[1])
-if raw then
-  local a, b = string.match(raw, '(%d+) (%d+)')
-  local at, f = tonumber(a), tonumber(b)
+-- Binary doubles, not decimal text: a 16-digit microsecond time costs strtod's slow path
+-- to parse and a printf to write, the larger part of this script's own work.
+local at, f
+if raw and #raw == 16 then at, f = struct.unpack('<dd', raw) end
+-- Anything but two integers in [0, 2^53) (another tool's value, NaN, infinity) is no state.
+if at and at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992 then
   if at <= now then
     local d = (now - at) * 1000
     if d < f then fill = f - d end
@@ -42,9 +46,9 @@ end
 
 local inc = tonumber(ARGV[2]) * tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
-if inc > cap then return { 2, fill, now } end
+if inc > cap then return { 2, fill } end
 local diff = fill + inc
-if diff > cap then return { 1, fill, now } end
+if diff > cap then return { 1, fill } end
 if ARGV[1] == '0' then
   if diff == 0 then
     redis.call('DEL', KEYS[1])
@@ -53,10 +57,10 @@ if ARGV[1] == '0' then
     local n = diff + 999999
     local ms = math.floor(n / 1000000)
     if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    -- Both formatted as integers here: Redis turns a Lua number argument of redis.call
+    -- PX formatted as an integer here: Redis turns a Lua number argument of redis.call
     -- into text with a floating-point conversion ('%.17g' in Redis 7.0), several times
     -- as costly.
-    redis.call('SET', KEYS[1], string.format('%d %d', now, diff), 'PX', string.format('%d', ms + slack))
+    redis.call('SET', KEYS[1], struct.pack('<dd', now, diff), 'PX', string.format('%d', ms + slack))
   end
 end
-return { 0, fill, now }
+return { 0, fill }

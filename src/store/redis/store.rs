@@ -288,7 +288,7 @@ impl Shared {
         let cache = self.negative.as_ref().filter(|_| mode == Mode::Check);
         let sent = cache.map(|_| Instant::now());
         let result = match self.guarded_call(&key, mode, cost).await {
-            Ok(reply) => script::decode_decision(&reply, &self.policy, cost).map(|(d, _)| d),
+            Ok(reply) => script::decode_decision(&reply, &self.policy, cost),
             Err(e) => Err(e),
         };
         match result {
@@ -373,7 +373,7 @@ impl RedisStore {
         self.inner.breaker.state()
     }
 
-    /// The Redis key holding `key`'s state: `{namespace}:v1:{policy fingerprint}:{material}`
+    /// The Redis key holding `key`'s state: `{namespace}:v2:{policy fingerprint}:{material}`
     /// where the material is the key's [`KeyBytes`], or `#` and their SHA-1 in hex when
     /// they are longer than 64 bytes or hold anything but printable ASCII (or `{`, `}`,
     /// `#`).
@@ -428,7 +428,7 @@ impl RedisStore {
         let k = self.redis_key(key);
         let inv = script::invocation(&k, mode, cost, Some(now_ns), &self.inner.limits);
         let reply = self.inner.conn.invoke(&inv).await?;
-        script::decode_decision(&reply, &self.inner.policy, cost).map(|(d, _)| d)
+        script::decode_decision(&reply, &self.inner.policy, cost)
     }
 
     fn call(&self, key: Vec<u8>, mode: Mode, cost: u64) -> CheckFuture {
