@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deterministic companion to `cargo bench --features redis --bench redis`: instructions
 # per decision, client and server, for tollgate's RedisStore and for the bare GCRA script
-# (the "100 000 random keys, admitted" scenario). A redis-server on PORT runs under
+# (the "100 000 random keys, admitted" scenario; SCENARIO="hot key, admitted" for the
+# other one). A redis-server on PORT runs under
 # valgrind's callgrind, the benchmark (one side at a time, TOLLGATE_REDIS_SIDE) runs under
 # callgrind too. Once WARM decisions have been made (connections open, scripts loaded and
 # compiled), both counters are zeroed; SECS seconds later both are dumped and the counts
@@ -19,6 +20,7 @@ PORT=${PORT:-16390}
 SECS=${SECS:-6}
 WARM=${WARM:-500}
 SIDES=${SIDES:-bare tollgate}
+SCENARIO=${SCENARIO:-random}
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
 command -v redis-server >/dev/null || { echo "installing redis-server"; apt-get install -y -qq redis-server >/dev/null; }
 bench=$(cargo bench --features redis --bench redis --no-run --message-format=json 2>/dev/null |
@@ -42,7 +44,7 @@ for side in $SIDES; do
     redis-server --port "$PORT" --save "" --appendonly no >/dev/null 2>&1 &
   spid=$!
   for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_SCENARIO=random TOLLGATE_REDIS_DEADLINE_MS=60000 \
+  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_SCENARIO=$SCENARIO TOLLGATE_REDIS_DEADLINE_MS=60000 \
     valgrind --tool=callgrind --callgrind-out-file="$out/cli.$side" "$bench" >/dev/null 2>"$out/cli.$side.log" &
   cpid=$!
   for _ in $(seq 600); do [[ $(evalsha || true) -ge $WARM ]] 2>/dev/null && break; sleep 0.2; done
