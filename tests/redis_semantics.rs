@@ -127,6 +127,14 @@ async fn cmd<T: redis::FromRedisValue>(
     c.query_async(con).await.unwrap()
 }
 
+/// A raw connection for inspecting keys, and the store's connection.
+async fn connections(target: &Target) -> (redis::aio::MultiplexedConnection, RedisConnection) {
+    let client = redis::Client::open(target.url()).unwrap();
+    let con = client.get_multiplexed_async_connection().await.unwrap();
+    let conn = RedisConnection::connect(&target.url()).await.unwrap();
+    (con, conn)
+}
+
 /// A value the scripts did not write (another stored format, another tool's key) is read
 /// as no state and replaced, through both scripts: the one-limit fast path and the general
 /// one (several limits, and refunds).
@@ -135,9 +143,7 @@ fn foreign_values_are_read_as_fresh_state() {
     let Some(target) = Target::get() else { return };
     let rt = runtime();
     rt.block_on(async {
-        let client = redis::Client::open(target.url()).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
-        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let (mut con, conn) = connections(&target).await;
         let one = Policy::new(
             Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
         );
@@ -184,9 +190,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
     let Some(target) = Target::get() else { return };
     let rt = runtime();
     rt.block_on(async {
-        let client = redis::Client::open(target.url()).unwrap();
-        let mut con = client.get_multiplexed_async_connection().await.unwrap();
-        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let (mut con, conn) = connections(&target).await;
         // 10/s, burst 5: three requests fill 300 ms.
         let policy = Policy::new(
             Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
