@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::div::Divisor;
 use crate::decision::{LimitReport, Outcome};
 
 /// Precomputed GCRA parameters, all in nanoseconds.
@@ -21,6 +22,8 @@ pub(crate) struct Gcra {
     pub(crate) cap: u64,
     /// Largest `new_tat - now` served without a wait.
     pub(crate) free: u64,
+    /// Division by `t`, for the report's `remaining`.
+    div: Divisor,
 }
 
 /// One evaluation step, before anything is written: either the TAT to store (and the
@@ -34,6 +37,17 @@ pub(crate) enum Step {
 }
 
 impl Gcra {
+    /// The parameters, all in nanoseconds (`t >= 1`).
+    pub(crate) const fn new(t: u64, tau: u64, cap: u64, free: u64) -> Self {
+        Gcra {
+            t,
+            tau,
+            cap,
+            free,
+            div: Divisor::new(t),
+        }
+    }
+
     /// Evaluates a request. Returns the outcome, the new TAT to store when admitted, and
     /// the report.
     #[inline]
@@ -131,7 +145,11 @@ impl Gcra {
         let room = self.tau + self.t;
         let left = room.saturating_sub(fill);
         // Skips the division when less than one unit is left (every refusal of cost 1).
-        let remaining = if left < self.t { 0 } else { left / self.t };
+        let remaining = if left < self.t {
+            0
+        } else {
+            self.div.divide(left)
+        };
         let next_after = if fill == 0 {
             0
         } else {

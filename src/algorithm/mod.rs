@@ -30,6 +30,7 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+mod div;
 mod gcra;
 mod window;
 
@@ -136,21 +137,11 @@ impl Limit {
         let params = match algorithm {
             Algorithm::TokenBucket => {
                 let tau = (quota.burst() - 1) * t;
-                Params::Gcra(Gcra {
-                    t,
-                    tau,
-                    cap: tau + t,
-                    free: tau + t,
-                })
+                Params::Gcra(Gcra::new(t, tau, tau + t, tau + t))
             }
             Algorithm::LeakyMeter => {
                 no_burst(&quota)?;
-                Params::Gcra(Gcra {
-                    t,
-                    tau: 0,
-                    cap: t,
-                    free: t,
-                })
+                Params::Gcra(Gcra::new(t, 0, t, t))
             }
             Algorithm::LeakyQueue { queue, nodelay } => {
                 no_burst(&quota)?;
@@ -164,19 +155,11 @@ impl Limit {
                             .is_some_and(|h| h <= crate::quota::MAX_HORIZON)
                     })
                     .ok_or(ConfigError::Overflow("queue * emission interval"))?;
-                Params::Gcra(Gcra {
-                    t,
-                    tau: 0,
-                    cap: t + queue_room,
-                    free: t + u64::from(nodelay) * t,
-                })
+                Params::Gcra(Gcra::new(t, 0, t + queue_room, t + u64::from(nodelay) * t))
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 no_burst(&quota)?;
-                let w = Window {
-                    w: quota.period_ns(),
-                    limit: quota.limit(),
-                };
+                let w = Window::new(quota.period_ns(), quota.limit());
                 if algorithm == Algorithm::FixedWindow {
                     Params::Fixed(w)
                 } else {

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::div::Divisor;
 use crate::decision::{LimitReport, Outcome};
 
 /// Window parameters.
@@ -16,6 +17,8 @@ pub(crate) struct Window {
     pub(crate) w: u64,
     /// Units admitted per window.
     pub(crate) limit: u64,
+    /// Division by `w`, for the window a time falls in.
+    div: Divisor,
 }
 
 fn allowed(outcome_ok: bool, retry: u64) -> Outcome {
@@ -31,9 +34,20 @@ fn allowed(outcome_ok: bool, retry: u64) -> Outcome {
 }
 
 impl Window {
+    /// A window of `w` ns (`w >= 1`) admitting `limit` units.
+    pub(crate) const fn new(w: u64, limit: u64) -> Self {
+        Window {
+            w,
+            limit,
+            div: Divisor::new(w),
+        }
+    }
+
+    /// The tag of the window `now` falls in, and the time elapsed in it.
     #[inline]
     fn position(&self, now: u64) -> (u64, u64) {
-        (now / self.w + 1, now % self.w)
+        let i = self.div.divide(now);
+        (i + 1, now - i * self.w)
     }
 
     /// Fixed window: returns outcome, new state when admitted, report.
