@@ -15,8 +15,8 @@
 -- string for the client to encode and for Redis to parse, on every decision.
 --
 -- Reply: code (0 allowed, 1 denied, 2 exceeds), the fill before the request (ns: TAT - now,
--- >= 0). GCRA only looks at TAT - now, so the client needs no time: it rebuilds the full decision from these with the same function
--- as the in-memory store.
+-- >= 0). GCRA only looks at TAT - now, so the client needs no time: it rebuilds the full
+-- decision from these with the same function as the in-memory store.
 
 local now
 local slack = 0
