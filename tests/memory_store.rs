@@ -279,9 +279,10 @@ fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
         .set(Arc::downgrade(&store))
         .ok()
         .unwrap();
-    assert!(store.check_at(&"k", 1, 0).is_allowed()); // the key exists: TAT = 1 ms
-                                                      // Our request reads 10 ms (a stale reading); the other charges at 50 ms -> TAT 51 ms.
-                                                      // Judged at 10 ms, TAT 52 ms would be 42 ms ahead (> 10 ms: refused). At 50 ms it is 2 ms.
+    // The key exists: TAT = 1 ms.
+    assert!(store.check_at(&"k", 1, 0).is_allowed());
+    // Our request reads 10 ms (a stale reading); the other charges at 50 ms -> TAT 51 ms.
+    // Judged at 10 ms, TAT 52 ms would be 42 ms ahead (> 10 ms: refused). At 50 ms it is 2 ms.
     store.clock().stale.store(10_000_000, Ordering::SeqCst);
     store.clock().armed.store(1, Ordering::SeqCst);
     let d = store.check(&"k", 1);

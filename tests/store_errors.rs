@@ -47,16 +47,18 @@ impl Store<Option<()>> for Broken {
     fn refund(&self, _: &Option<()>, _: u64) {}
 }
 
+/// `on_error: None` leaves the builder's default.
 async fn http_status(
-    on_error: OnStoreError,
+    on_error: Option<OnStoreError>,
     pending: bool,
 ) -> (StatusCode, String, Option<Source>) {
-    let layer = RateLimitLayer::builder()
+    let mut builder = RateLimitLayer::builder()
         .key(Global::new())
-        .on_store_error(on_error)
-        .expose_decision(true)
-        .build_with(Broken::new(pending))
-        .unwrap();
+        .expose_decision(true);
+    if let Some(on_error) = on_error {
+        builder = builder.on_store_error(on_error);
+    }
+    let layer = builder.build_with(Broken::new(pending)).unwrap();
     let svc = ServiceBuilder::new()
         .layer(layer)
         .service_fn(|req: Request<Body>| async move {
@@ -77,7 +79,7 @@ async fn http_status(
 #[tokio::test]
 async fn http_fails_open_by_default_and_closed_on_request() {
     for pending in [false, true] {
-        let (status, _, source) = http_status(OnStoreError::FailOpen, pending).await;
+        let (status, _, source) = http_status(None, pending).await;
         assert_eq!(status, StatusCode::OK, "pending {pending}");
         assert_eq!(
             source,
@@ -85,7 +87,7 @@ async fn http_fails_open_by_default_and_closed_on_request() {
             "the decision says why it passed"
         );
 
-        let (status, body, _) = http_status(OnStoreError::FailClosed, pending).await;
+        let (status, body, _) = http_status(Some(OnStoreError::FailClosed), pending).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "pending {pending}");
         assert!(body.contains("temporary-reduced-capacity"), "{body}");
     }

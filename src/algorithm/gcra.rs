@@ -93,6 +93,12 @@ impl Gcra {
         }
     }
 
+    /// Largest cost one request can be admitted with: `cap / T`.
+    #[inline]
+    pub(crate) fn max_cost(&self) -> u64 {
+        self.div.divide(self.cap)
+    }
+
     /// Outcome and report of an admitted request whose new TAT is `diff` ahead of now.
     #[inline]
     pub(crate) fn admitted(&self, diff: u64) -> (Outcome, LimitReport) {
@@ -143,13 +149,7 @@ impl Gcra {
     #[inline]
     fn report(&self, fill: u64, allowed: bool) -> LimitReport {
         let room = self.tau + self.t;
-        let left = room.saturating_sub(fill);
-        // Skips the division when less than one unit is left (every refusal of cost 1).
-        let remaining = if left < self.t {
-            0
-        } else {
-            self.div.divide(left)
-        };
+        let remaining = self.div.divide(room.saturating_sub(fill));
         let next_after = if fill == 0 {
             0
         } else {

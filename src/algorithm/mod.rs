@@ -237,7 +237,7 @@ impl Limit {
     /// Largest cost a single request can ever be admitted with.
     pub fn max_cost(&self) -> u64 {
         match self.params {
-            Params::Gcra(g) => g.cap / g.t,
+            Params::Gcra(g) => g.max_cost(),
             Params::Fixed(w) | Params::Sliding(w) => w.limit,
         }
     }

@@ -30,8 +30,9 @@
 //! Redis bundles), so one call is atomic and slot-safe in a cluster:
 //! `{namespace}:v2:{policy fingerprint, 16 hex digits}:{key material}`. The `v2` is the
 //! stored format's version (`v1`, never released, held decimal text, which cost the
-//! scripts more to parse and print than the rest of their work); a value of another
-//! length is read as no state. The braces are
+//! server about 7 000 instructions per call to parse and print); a value of another length,
+//! or holding a number no script writes (negative, 2^53 or more, NaN), is read as no
+//! state. The braces are
 //! the cluster hash tag (never a constant one, so clients spread over the shards). Key
 //! material is the key's [`KeyBytes`](crate::store::KeyBytes); when it is longer than 64 bytes or holds anything
 //! but printable ASCII (or `{`, `}`, `#`) it is replaced by `#` and its SHA-1 in hex

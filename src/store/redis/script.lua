@@ -14,8 +14,9 @@
 -- write time (us), then per limit GCRA: fill (ns: TAT minus the write time, >= 0) |
 -- fixed: tag count | sliding: tag prev cur. Every number stays below 2^53 (checked when
 -- the store is built), so doubles are exact. Binary rather than decimal text because
--- parsing a 16-digit time (strtod's slow path) and printing it were most of the fast
--- script's own work; a value of another length or with another number is no state.
+-- parsing a 16-digit time (strtod's slow path) and printing it cost the server about 7 000
+-- instructions per call (BENCHMARKS.md); a value of another length or with another number
+-- is no state.
 --
 -- Reply (modes 0, 1): n, then per limit: code (0 allowed, 1 denied, 2 exceeds), value
 -- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns).
@@ -72,7 +73,10 @@ if raw and #raw == 8 * words then
   existed = true
   for j = 1, words do
     local w = s[j]
-    if not (w >= 0 and w < 9007199254740992) then existed = false end
+    if not (w >= 0 and w < 9007199254740992) then
+      existed = false
+      break
+    end
   end
 end
 if not existed then
