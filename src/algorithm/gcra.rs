@@ -149,7 +149,15 @@ impl Gcra {
     #[inline]
     fn report(&self, fill: u64, allowed: bool) -> LimitReport {
         let room = self.tau + self.t;
-        let remaining = self.div.divide(room.saturating_sub(fill));
+        let left = room.saturating_sub(fill);
+        // Skips the division (two 64x64-bit multiplications) when less than one unit is
+        // left: every refusal of cost 1. Without the branch, check/1key/deny measured
+        // 1.02-1.07x governor on the Intel machine (four runs), with it 0.98-1.03x (seven).
+        let remaining = if left < self.t {
+            0
+        } else {
+            self.div.divide(left)
+        };
         let next_after = if fill == 0 {
             0
         } else {
