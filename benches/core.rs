@@ -87,7 +87,10 @@ fn tollgate_store(mode: Mode, keys: u32) -> Arc<MemoryStore<u32>> {
         ),
         Mode::Deny => (Quota::per_hour(1).unwrap(), 1),
     };
-    let store = MemoryStore::new(Limit::token_bucket(quota).unwrap());
+    // 1 M keys of this type take about 36 MB: more than the default budget.
+    let store = MemoryStore::new(Limit::token_bucket(quota).unwrap())
+        .with_max_bytes(64 << 20)
+        .unwrap();
     for k in 0..keys {
         assert!(store.check(&k, charge).is_allowed());
     }
@@ -168,6 +171,26 @@ fn single(mode: Mode, keys: u32) -> (Batch, Batch) {
     (tollgate_single(mode, keys), governor_single(mode, keys))
 }
 
+/// One key admitted, tollgate on the opt-in TSC clock (feature `tsc`, governor's clock
+/// source) instead of its default tokio clock.
+#[cfg(feature = "tsc")]
+fn single_tsc() -> (Batch, Batch) {
+    let quota = Quota::per_second(100_000_000)
+        .unwrap()
+        .with_burst(1 << 36)
+        .unwrap();
+    let store = MemoryStore::<u32, _>::new(Limit::token_bucket(quota).unwrap())
+        .with_clock(tollgate::clock::TscClock::new());
+    assert!(store.check(&0, 1 << 33).is_allowed());
+    let mut k = 0;
+    let ours: Batch = Box::new(move |n| {
+        run(n, 1, &mut k, |k| {
+            black_box(store.check(k, 1));
+        })
+    });
+    (ours, governor_single(Mode::Allow, 1))
+}
+
 /// Two threads of `n` requests each, started together; the mean of their CPU times.
 fn two_threads<S, F>(shared: &Arc<S>, n: u64, keys: u32, check: F) -> Duration
 where
@@ -219,9 +242,10 @@ fn threaded(mode: Mode, keys: u32) -> (Batch, Batch) {
     )
 }
 
-/// The clocks alone: tollgate's default clock against governor's default clock.
+/// The clocks alone: tollgate's default clock (tokio's) against governor's default clock
+/// (the TSC, through quanta).
 fn clocks() -> (Batch, Batch) {
-    let ours = tollgate::clock::MonotonicClock::new();
+    let ours = tollgate::clock::TokioClock::new();
     let theirs = governor::clock::DefaultClock::default();
     (
         Box::new(move |n| {
@@ -241,8 +265,7 @@ fn clocks() -> (Batch, Batch) {
     )
 }
 
-/// `std::time::Instant::elapsed` (tollgate's clock before it moved to the TSC) against
-/// governor's default clock.
+/// `std::time::Instant::elapsed` against governor's default clock.
 fn std_clock() -> (Batch, Batch) {
     let ours = Instant::now();
     let theirs = governor::clock::DefaultClock::default();
@@ -299,7 +322,8 @@ const DENY_ALLOW: (&str, &str) = ("deny", "allow");
 
 /// Every case, built lazily (the 1 M-key ones take a second each to fill).
 fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
-    let peers: [(&'static str, MakeCase); 10] = [
+    #[allow(unused_mut)]
+    let mut peers: Vec<(&'static str, MakeCase)> = vec![
         ("check/1key/allow", || single(Mode::Allow, 1)),
         ("check/1key/deny", || single(Mode::Deny, 1)),
         ("check/1M/allow", || single(Mode::Allow, KEYS)),
@@ -311,6 +335,8 @@ fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
         ("clock/std-instant", std_clock),
         ("hash/ipv4", hashes),
     ];
+    #[cfg(feature = "tsc")]
+    peers.push(("check/1key/allow/tsc", single_tsc));
     let refusals: [(&'static str, MakeCase); 4] = [
         ("refusal/tollgate/1key", || refusal(false, 1)),
         ("refusal/tollgate/1M", || refusal(false, KEYS)),

@@ -159,7 +159,7 @@ async fn main() {
                 move |k: u64| {
                     let store = store.clone();
                     async move {
-                        Store::<u64>::check(&*store, &k, 1)
+                        Store::<u64>::decide(&*store, &k, 1)
                             .await
                             .unwrap()
                             .is_allowed()

@@ -11,6 +11,7 @@ use crate::MAX_LIMITS;
 
 /// Allowed (possibly after a wait), denied, or never admissible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Admitted and charged. `wait` is zero except for a queued request (leaky-bucket
     /// queue), which must wait that long before it proceeds.

@@ -27,6 +27,8 @@ pub enum ConfigError {
     Overflow(&'static str),
     /// A burst was set on an algorithm that has none (the strict leaky meter, windows).
     BurstNotApplicable(&'static str),
+    /// A window offset was set on an algorithm without windows.
+    OffsetNotApplicable(&'static str),
     /// The leaky queue's `nodelay` share is larger than the queue.
     DelayExceedsQueue {
         /// The requested no-delay share.
@@ -62,6 +64,9 @@ impl fmt::Display for ConfigError {
             ),
             Self::Overflow(what) => write!(f, "value too large: {what}"),
             Self::BurstNotApplicable(alg) => write!(f, "the {alg} algorithm takes no burst"),
+            Self::OffsetNotApplicable(alg) => {
+                write!(f, "the {alg} algorithm has no windows to offset")
+            }
             Self::DelayExceedsQueue { nodelay, queue } => {
                 write!(f, "nodelay ({nodelay}) is larger than the queue ({queue})")
             }

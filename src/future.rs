@@ -2,8 +2,16 @@
 //!
 //! States: `Refused` (the answer is known), `Calling` (the inner service runs), and, boxed
 //! so the common path stays small, `Slow`: a network store deciding, a queued request
-//! sleeping until its slot, or the inner service being made ready again after either. A
-//! waiting future that is dropped gives its slot back.
+//! sleeping until its slot, or the inner service being made ready again after either.
+//! Every transition moves the state's values out (`project_replace`), so no state holds
+//! half of its data; a future polled after it completed, or after a panic in the inner
+//! service interrupted a transition, panics with a message instead of hanging.
+//!
+//! A queued request is charged when the store admits it. If its future is dropped before
+//! the inner service is called with it (a timeout, a client gone), every unit goes back
+//! to every limit. When its slot comes it yields once before calling the inner service,
+//! so a timeout due at the same instant (`tower::timeout` polls the inner future first,
+//! then its timer) wins the tie: the request is dropped unserved and its units go back.
 
 use std::{
     fmt,
@@ -19,7 +27,10 @@ use tower_service::Service;
 
 use crate::{decision::Decision, error::StoreError, store::CheckFuture};
 
-/// Gives a queued request's slot back if it is dropped before its turn.
+const POLLED_AFTER_DONE: &str =
+    "tollgate: response future polled after it completed (or after the inner service panicked)";
+
+/// Gives a queued request's units back if it is dropped before the inner service has it.
 pub(crate) struct RefundGuard(Option<Box<dyn FnOnce() + Send>>);
 
 impl RefundGuard {
@@ -27,7 +38,8 @@ impl RefundGuard {
         RefundGuard(Some(Box::new(refund)))
     }
 
-    fn disarm(&mut self) {
+    /// The request reached the inner service: its units stay charged.
+    fn disarm(mut self) {
         self.0 = None;
     }
 }
@@ -65,8 +77,9 @@ pub(crate) enum Finished<R, E, O, H> {
 pin_project! {
     /// The state machine; wrapped by the public futures.
     #[project = MachineProj]
+    #[project_replace = MachineOwned]
     pub(crate) enum Machine<S, Req, F, O, H> {
-        Refused { out: Option<O> },
+        Refused { out: O },
         Slow { slow: Pin<Box<Slow<S, Req, O, H>>> },
         Calling { #[pin] future: F, extra: Option<H> },
         Done,
@@ -76,35 +89,38 @@ pin_project! {
 pin_project! {
     /// The states that need the inner service and the request kept aside.
     #[project = SlowProj]
+    #[project_replace = SlowOwned]
     pub(crate) enum Slow<S, Req, O, H> {
         Checking {
             check: CheckFuture,
-            then: Option<Continuation<Req, O, H>>,
-            svc: Option<S>,
-            req: Option<Req>,
+            then: Continuation<Req, O, H>,
+            svc: S,
+            req: Req,
         },
         Waiting {
             #[pin]
             sleep: Sleep,
-            svc: Option<S>,
-            req: Option<Req>,
-            extra: Option<H>,
+            svc: S,
+            req: Req,
+            extra: H,
             refund: Option<RefundGuard>,
         },
         Ready {
-            svc: Option<S>,
-            req: Option<Req>,
-            extra: Option<H>,
+            svc: S,
+            req: Req,
+            extra: H,
+            refund: Option<RefundGuard>,
         },
+        // Between two states, while their values move.
+        Moving,
     }
 }
 
 /// How the slow states end.
 enum SlowDone<F, E, O, H> {
-    Call(F, Option<H>),
+    Call(F, H),
     Refuse(O),
-    Failed(E, Option<H>),
-    Gone,
+    Failed(E, H),
 }
 
 impl<S, Req, O, H> Slow<S, Req, O, H>
@@ -117,18 +133,15 @@ where
     ) -> Poll<SlowDone<S::Future, S::Error, O, H>> {
         loop {
             match self.as_mut().project() {
-                SlowProj::Checking {
-                    check,
-                    then,
-                    svc,
-                    req,
-                } => {
+                SlowProj::Checking { check, .. } => {
                     let result = ready!(Pin::new(check).poll(cx));
-                    let (Some(then), Some(mut r), Some(s)) = (then.take(), req.take(), svc.take())
+                    let SlowOwned::Checking {
+                        then, svc, mut req, ..
+                    } = self.as_mut().project_replace(Slow::Moving)
                     else {
-                        return Poll::Ready(SlowDone::Gone);
+                        unreachable!("the state was Checking")
                     };
-                    match then(result, &mut r) {
+                    match then(result, &mut req) {
                         Next::Refuse(o) => return Poll::Ready(SlowDone::Refuse(o)),
                         Next::Proceed {
                             wait,
@@ -136,46 +149,64 @@ where
                             refund,
                         } if !wait.is_zero() => self.set(Slow::Waiting {
                             sleep: tokio::time::sleep(wait),
-                            svc: Some(s),
-                            req: Some(r),
-                            extra: Some(extra),
+                            svc,
+                            req,
+                            extra,
                             refund,
                         }),
-                        Next::Proceed { extra, .. } => self.set(Slow::Ready {
-                            svc: Some(s),
-                            req: Some(r),
-                            extra: Some(extra),
+                        Next::Proceed { extra, refund, .. } => self.set(Slow::Ready {
+                            svc,
+                            req,
+                            extra,
+                            refund,
                         }),
                     }
                 }
-                SlowProj::Waiting {
-                    sleep,
-                    svc,
-                    req,
-                    extra,
-                    refund,
-                } => {
+                SlowProj::Waiting { sleep, .. } => {
                     ready!(sleep.poll(cx));
-                    // The slot has come: the request is served, nothing to give back.
-                    if let Some(mut g) = refund.take() {
-                        g.disarm();
-                    }
-                    let (svc, req, extra) = (svc.take(), req.take(), extra.take());
-                    self.set(Slow::Ready { svc, req, extra });
-                }
-                SlowProj::Ready { svc, req, extra } => {
-                    let Some(s) = svc.as_mut() else {
-                        return Poll::Ready(SlowDone::Gone);
+                    let SlowOwned::Waiting {
+                        svc,
+                        req,
+                        extra,
+                        refund,
+                        ..
+                    } = self.as_mut().project_replace(Slow::Moving)
+                    else {
+                        unreachable!("the state was Waiting")
                     };
+                    self.set(Slow::Ready {
+                        svc,
+                        req,
+                        extra,
+                        refund,
+                    });
+                    // The slot has come: yield once, so that a timeout due at this same
+                    // instant drops the request before it is served (see the module docs).
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                SlowProj::Ready { svc, .. } => {
                     // Readiness may have lapsed while the request waited: ask again.
-                    if let Err(e) = ready!(s.poll_ready(cx)) {
-                        return Poll::Ready(SlowDone::Failed(e, extra.take()));
-                    }
-                    let Some(r) = req.take() else {
-                        return Poll::Ready(SlowDone::Gone);
+                    let ready = ready!(svc.poll_ready(cx));
+                    let SlowOwned::Ready {
+                        mut svc,
+                        req,
+                        extra,
+                        refund,
+                    } = self.as_mut().project_replace(Slow::Moving)
+                    else {
+                        unreachable!("the state was Ready")
                     };
-                    return Poll::Ready(SlowDone::Call(s.call(r), extra.take()));
+                    // A failed readiness drops the refund guard armed: the units go back.
+                    if let Err(e) = ready {
+                        return Poll::Ready(SlowDone::Failed(e, extra));
+                    }
+                    if let Some(refund) = refund {
+                        refund.disarm();
+                    }
+                    return Poll::Ready(SlowDone::Call(svc.call(req), extra));
                 }
+                SlowProj::Moving => panic!("{POLLED_AFTER_DONE}"),
             }
         }
     }
@@ -186,7 +217,7 @@ where
     S: Service<Req>,
 {
     pub(crate) fn refused(out: O) -> Self {
-        Machine::Refused { out: Some(out) }
+        Machine::Refused { out }
     }
 
     pub(crate) fn calling(future: S::Future, extra: Option<H>) -> Self {
@@ -210,9 +241,9 @@ where
             } => Machine::Slow {
                 slow: Box::pin(Slow::Waiting {
                     sleep: tokio::time::sleep(wait),
-                    svc: Some(take_ready(inner)),
-                    req: Some(req),
-                    extra: Some(extra),
+                    svc: take_ready(inner),
+                    req,
+                    extra,
                     refund,
                 }),
             },
@@ -228,9 +259,9 @@ where
         Machine::Slow {
             slow: Box::pin(Slow::Checking {
                 check,
-                then: Some(then),
-                svc: Some(svc),
-                req: Some(req),
+                then,
+                svc,
+                req,
             }),
         }
     }
@@ -241,38 +272,35 @@ where
     ) -> Poll<Finished<S::Response, S::Error, O, H>> {
         loop {
             match self.as_mut().project() {
-                MachineProj::Refused { out } => {
-                    let out = out.take();
-                    self.set(Machine::Done);
-                    match out {
-                        Some(o) => return Poll::Ready(Finished::Early(o)),
-                        None => return Poll::Pending,
-                    }
+                MachineProj::Refused { .. } => {
+                    let MachineOwned::Refused { out } = self.project_replace(Machine::Done) else {
+                        unreachable!("the state was Refused")
+                    };
+                    return Poll::Ready(Finished::Early(out));
                 }
                 MachineProj::Slow { slow } => match ready!(slow.as_mut().poll_slow(cx)) {
-                    SlowDone::Call(future, extra) => self.set(Machine::Calling { future, extra }),
+                    SlowDone::Call(future, extra) => self.set(Machine::Calling {
+                        future,
+                        extra: Some(extra),
+                    }),
                     SlowDone::Refuse(o) => {
                         self.set(Machine::Done);
                         return Poll::Ready(Finished::Early(o));
                     }
                     SlowDone::Failed(e, extra) => {
                         self.set(Machine::Done);
-                        return Poll::Ready(Finished::Inner(Err(e), extra));
-                    }
-                    SlowDone::Gone => {
-                        self.set(Machine::Done);
-                        return Poll::Pending;
+                        return Poll::Ready(Finished::Inner(Err(e), Some(extra)));
                     }
                 },
-                MachineProj::Calling { future, extra } => {
+                MachineProj::Calling { future, .. } => {
                     let result = ready!(future.poll(cx));
-                    let extra = extra.take();
-                    self.set(Machine::Done);
+                    let MachineOwned::Calling { extra, .. } = self.project_replace(Machine::Done)
+                    else {
+                        unreachable!("the state was Calling")
+                    };
                     return Poll::Ready(Finished::Inner(result, extra));
                 }
-                // Polled after completion: never resolves again (the Future contract allows
-                // any behaviour but a panic is what we promise not to do).
-                MachineProj::Done => return Poll::Pending,
+                MachineProj::Done => panic!("{POLLED_AFTER_DONE}"),
             }
         }
     }
@@ -292,6 +320,7 @@ impl<S, Req, F, O, H> fmt::Debug for Machine<S, Req, F, O, H> {
                 Slow::Checking { .. } => "Checking",
                 Slow::Waiting { .. } => "Waiting",
                 Slow::Ready { .. } => "Ready",
+                Slow::Moving => "Moving",
             },
             Machine::Calling { .. } => "Calling",
             Machine::Done => "Done",

@@ -1,7 +1,13 @@
 //! [`RateLimitLayer`]: one value is one limit, shared by every clone and every route it is
 //! applied to.
 
-use std::{fmt, sync::Arc};
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -115,6 +121,8 @@ pub(crate) struct Shared<X, St, C> {
     pub(crate) on_error: OnStoreError,
     pub(crate) responder: Arc<Responder>,
     pub(crate) expose: bool,
+    /// Whether the extractor's misconfiguration was logged already (once per layer).
+    pub(crate) warned: AtomicBool,
 }
 
 /// How a request starts: the store's decision (or pending answer) for its key, or what to
@@ -147,21 +155,21 @@ impl<X, St, C> Shared<X, St, C> {
     {
         let key = match self.key.extract(req) {
             Some(k) => Some(k),
-            None => match self.missing {
+            None => match self.keyless(req) {
                 MissingKey::Shared => None,
                 MissingKey::Allow => return Start::Unlimited,
                 MissingKey::Reject(status) => return Start::Reject(status),
             },
         };
         let cost = self.cost.cost(req);
-        if let Some(decision) = self.store.check_now(&key, cost) {
+        if let Some(decision) = self.store.decide_now(&key, cost) {
             return Start::Decided {
                 key,
                 cost,
                 decision,
             };
         }
-        let mut check = self.store.check(&key, cost);
+        let mut check = self.store.decide(&key, cost);
         match check.take_ready() {
             Some(Ok(decision)) => Start::Decided {
                 key,
@@ -178,6 +186,27 @@ impl<X, St, C> Shared<X, St, C> {
             },
             None => Start::Pending { key, cost, check },
         }
+    }
+
+    /// A request without a key: logs once per layer when the extractor says why (the
+    /// server is not set up to give it what it needs), then follows `MissingKey`.
+    #[cold]
+    fn keyless<Req>(&self, req: &Req) -> MissingKey
+    where
+        X: KeyExtractor<Req>,
+    {
+        if !self.warned.load(Ordering::Relaxed) {
+            if let Some(why) = self.key.misconfiguration(req) {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        target: "tollgate",
+                        missing_key = ?self.missing,
+                        "rate-limit key missing: {why} (logged once per layer)"
+                    );
+                }
+            }
+        }
+        self.missing
     }
 
     /// A failed store call under the `OnStoreError` policy: a decision to go on with, or
@@ -334,6 +363,7 @@ impl RateLimitLayer {
                 problem: true,
                 rejection: None,
                 expose: false,
+                max_bytes: None,
             },
         }
     }
@@ -370,6 +400,7 @@ struct Config {
     problem: bool,
     rejection: Option<Rejection>,
     expose: bool,
+    max_bytes: Option<usize>,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
@@ -480,6 +511,15 @@ impl<X, C> Builder<X, C> {
         self
     }
 
+    /// Bounds the memory of the built-in store, in bytes (default
+    /// [`DEFAULT_MAX_BYTES`](crate::store::DEFAULT_MAX_BYTES), 32 MiB). A flood of keys
+    /// never grows it past this: keys back to fresh go first, then those closest to it.
+    /// With [`Builder::build_with`], size your own store instead.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.cfg.max_bytes = Some(bytes);
+        self
+    }
+
     /// Inserts the [`Decision`] into the request's extensions so handlers can read the
     /// remaining quota (default off: it costs an allocation per request).
     pub fn expose_decision(mut self, on: bool) -> Self {
@@ -504,6 +544,7 @@ impl<X, C> Builder<X, C> {
                 on_error: self.cfg.on_error,
                 responder: Arc::new(responder),
                 expose: self.cfg.expose,
+                warned: AtomicBool::new(false),
             }),
         }
     }
@@ -520,7 +561,7 @@ impl<X, C> Builder<X, C> {
     pub fn build<K>(self) -> Result<RateLimitLayer<X, DefaultStore<K>, C>, ConfigError>
     where
         X: KeyExtractor<Request<()>, Key = K>,
-        K: std::hash::Hash + Eq + Send + Sync + 'static,
+        K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         self.build_for::<Request<()>>()
     }
@@ -532,10 +573,13 @@ impl<X, C> Builder<X, C> {
     ) -> Result<RateLimitLayer<X, DefaultStore<X::Key>, C>, ConfigError>
     where
         X: KeyExtractor<Req>,
-        X::Key: std::hash::Hash + Eq + Send + Sync + 'static,
+        X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         let policy = self.take_policy()?;
-        let store = MemoryStore::new(policy.clone()).with_clock(TokioClock::new());
+        let mut store = MemoryStore::new(policy.clone());
+        if let Some(bytes) = self.cfg.max_bytes {
+            store = store.with_max_bytes(bytes)?;
+        }
         Ok(self.finish(store, &policy))
     }
 
@@ -560,6 +604,11 @@ impl<X, C> Builder<X, C> {
         St: Store<Option<X::Key>>,
     {
         let policy = store.policy().clone();
+        if self.cfg.max_bytes.is_some() {
+            return Err(ConfigError::Store(
+                "max_bytes sizes the built-in store; set the budget on your store instead".into(),
+            ));
+        }
         if !self.cfg.limits.is_empty() || self.cfg.error.is_some() {
             let mine = self.take_policy()?;
             if mine != policy {

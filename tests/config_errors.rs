@@ -105,9 +105,9 @@ fn invalid_name() {
 }
 
 #[test]
-fn store_max_keys_zero() {
+fn store_budget_too_small_for_one_key() {
     let s = MemoryStore::<u32>::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap());
-    assert!(matches!(s.with_max_keys(0), Err(ConfigError::Store(_))));
+    assert!(matches!(s.with_max_bytes(0), Err(ConfigError::Store(_))));
 }
 
 #[test]

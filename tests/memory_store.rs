@@ -158,21 +158,25 @@ fn concurrent_threads_on_one_key_stay_within_the_bound() {
 }
 
 #[test]
-fn a_flood_of_distinct_keys_stays_at_the_cap() {
+fn a_flood_of_distinct_keys_stays_within_the_budget() {
+    let budget = 4 << 20;
     let store = MemoryStore::<u64>::new(Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap())
-        .with_max_keys(100_000)
+        .with_max_bytes(budget)
         .unwrap()
         .with_clock(ManualClock::new());
     let cap = store.max_keys();
-    assert!(cap <= 100_000 && cap > 99_000, "cap {cap}");
+    assert!(cap > 100_000, "cap {cap}");
     for k in 0..1_000_000u64 {
         assert!(store.check(&k, 1).is_allowed());
         if k % 100_000 == 0 {
             assert!(store.len() <= cap);
+            assert!(store.stats().bytes <= budget);
         }
     }
     let stats = store.stats();
-    assert!(stats.keys <= cap && stats.keys > cap / 2, "{stats:?}");
+    assert!(stats.bytes <= budget, "{stats:?}");
+    // At the budget a shard evicts down to half its largest table, then fills up again.
+    assert!(stats.keys <= cap && stats.keys > cap / 3, "{stats:?}");
     // Every key still carried state (an hour to refill): each eviction was counted.
     assert_eq!(stats.evicted_with_state as usize, 1_000_000 - stats.keys);
     assert_eq!(stats.evicted_fresh, 0);
@@ -243,7 +247,7 @@ fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
     use tollgate::clock::Clock;
 
     type Racy = MemoryStore<&'static str, Interloper>;
-    /// Time 50 ms. On its first reading since `arm`, before answering, "another thread"
+    /// Time `at`. On its first reading since `arm`, before answering, "another thread"
     /// (a real one, joined) charges the same key at 50 ms: exactly the interleaving in which
     /// a reading taken before the other thread's write was older than the TAT it wrote.
     #[derive(Default)]
@@ -251,20 +255,19 @@ fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
         store: OnceLock<Weak<Racy>>,
         armed: AtomicU64,
         stale: AtomicU64,
+        at: AtomicU64,
     }
     impl Clock for Interloper {
         fn now(&self) -> u64 {
             if self.armed.swap(0, Ordering::SeqCst) == 1 {
                 let store = self.store.get().unwrap().upgrade().unwrap();
-                std::thread::spawn(move || {
-                    assert!(store.check_at(&"k", 1, 50_000_000).is_allowed())
-                })
-                .join()
-                .unwrap();
+                std::thread::spawn(move || assert!(store.check(&"k", 1).is_allowed()))
+                    .join()
+                    .unwrap();
                 // What the old code used: the time read before the other thread's write.
                 return self.stale.load(Ordering::SeqCst);
             }
-            50_000_000
+            self.at.load(Ordering::SeqCst)
         }
     }
 
@@ -280,7 +283,8 @@ fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
         .ok()
         .unwrap();
     // The key exists: TAT = 1 ms.
-    assert!(store.check_at(&"k", 1, 0).is_allowed());
+    assert!(store.check(&"k", 1).is_allowed());
+    store.clock().at.store(50_000_000, Ordering::SeqCst);
     // Our request reads 10 ms (a stale reading); the other charges at 50 ms -> TAT 51 ms.
     // Judged at 10 ms, TAT 52 ms would be 42 ms ahead (> 10 ms: refused). At 50 ms it is 2 ms.
     store.clock().stale.store(10_000_000, Ordering::SeqCst);

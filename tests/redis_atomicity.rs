@@ -59,7 +59,7 @@ async fn concurrent_checks_never_over_admit() {
             let (admitted, other, calls) = (admitted.clone(), other.clone(), calls.clone());
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
-                    let d = store.check(&key, 1).await.unwrap();
+                    let d = store.decide(&key, 1).await.unwrap();
                     calls.fetch_add(1, Ordering::Relaxed);
                     match d.source() {
                         Source::Store | Source::NegativeCache => {

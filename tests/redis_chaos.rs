@@ -80,7 +80,7 @@ async fn run(s: Scenario) {
             while t0.elapsed() < end {
                 let start = Instant::now();
                 let d = store
-                    .check(&key, 1)
+                    .decide(&key, 1)
                     .await
                     .expect("the store always decides");
                 let rec = Rec {

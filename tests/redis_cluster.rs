@@ -43,12 +43,7 @@ fn semantics_through_a_cluster() {
                 ops_strategy(),
                 1_750_000_000_000_000u64..1_760_000_000_000_000u64,
             ),
-            |(policy, ops, start)| {
-                let store = RedisStore::builder(policy.clone())
-                    .build(conn.clone())
-                    .unwrap();
-                rt.block_on(compare(&store, &policy, start, &ops))
-            },
+            |(policy, ops, start)| rt.block_on(compare(&conn, &policy, start, &ops)),
         )
         .unwrap();
 
@@ -66,7 +61,7 @@ fn semantics_through_a_cluster() {
         let mut slots = HashSet::new();
         for i in 0..40 {
             let key = format!("cluster-client-{i}");
-            let d = store.check(&key, 2).await.unwrap();
+            let d = store.decide(&key, 2).await.unwrap();
             assert_eq!(d.source(), Source::Store);
             assert!(d.is_allowed());
             let rkey = store.redis_key(key.as_str());
@@ -97,8 +92,8 @@ fn semantics_through_a_cluster() {
 
         // Exhaust one client through the cluster; a refusal writes nothing.
         let key = "cluster-hot";
-        while store.check(&key, 1).await.unwrap().is_allowed() {}
-        let d = store.peek(&key, 1).await.unwrap();
+        while store.decide(&key, 1).await.unwrap().is_allowed() {}
+        let d = store.preview(&key, 1).await.unwrap();
         assert!(!d.is_allowed());
         assert!(d.retry_after().unwrap() <= Duration::from_millis(100));
     });

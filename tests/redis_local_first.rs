@@ -16,7 +16,7 @@ use std::{
 
 use redis_support::RedisServer;
 use tollgate::{
-    store::{LocalFirstStore, RedisConnection, Store},
+    store::{LocalFirstStore, RedisConnection, RedisStore, Store},
     Limit, Quota, Source,
 };
 
@@ -33,7 +33,7 @@ async fn hammer(stores: &[LocalFirstStore], key: &str, dur: Duration) -> Vec<u64
             let (store, count, key) = (store.clone(), count.clone(), key.to_string());
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
-                    let d = store.check(&key, 1).await.unwrap();
+                    let d = store.decide(&key, 1).await.unwrap();
                     assert_eq!(d.source(), Source::Local);
                     if d.is_allowed() {
                         count.fetch_add(1, Ordering::Relaxed);
@@ -156,21 +156,22 @@ fn no_runtime_no_panic() {
 }
 
 #[test]
-fn a_flood_of_distinct_keys_stays_at_the_cap() {
+fn a_flood_of_distinct_keys_stays_within_the_memory_budget() {
     let Some((_server, _rt, conn)) = connected() else {
         return;
     };
     // An hour to refill: no key ever goes back to fresh, so only the cap bounds memory.
     let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
-    let store = LocalFirstStore::new(limit, conn, INTERVAL)
-        .unwrap()
-        .with_max_keys(16_000)
+    let budget = 2 << 20;
+    let store = RedisStore::builder(limit)
+        .max_bytes(budget)
+        .build_local_first(conn, INTERVAL)
         .unwrap();
     for k in 0..200_000u64 {
         assert!(store.check_local(&k, 1).is_allowed());
     }
-    assert!(store.len() <= 16_000, "{} keys held", store.len());
-    assert!(store.len() > 8_000, "{} keys held", store.len());
+    assert!(store.bytes() <= budget, "{} bytes held", store.bytes());
+    assert!(store.len() > 4_000, "{} keys held", store.len());
     // Nothing was synced, so every evicted key dropped its one unit, and that is counted.
     assert_eq!(store.evicted_units() as usize, 200_000 - store.len());
 }

@@ -1,16 +1,23 @@
-//! A refused hot client makes no Redis call until its retry-after.
+//! A refused hot client makes no Redis call until its retry-after, on the store's clock.
 #![cfg(feature = "redis")]
 
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_support::RedisServer;
 use tollgate::{
+    clock::ManualClock,
     store::{RedisConnection, RedisStore, Store},
     Limit, Quota, Source,
 };
+
+/// A manual clock at today's time, which the store decides on and runs its negative cache
+/// on.
+fn clock() -> ManualClock {
+    ManualClock::at(SystemTime::now().duration_since(UNIX_EPOCH).unwrap())
+}
 
 #[tokio::test]
 async fn refused_key_is_answered_locally_until_retry_after() {
@@ -26,43 +33,43 @@ async fn refused_key_is_answered_locally_until_retry_after() {
             .unwrap(),
     )
     .unwrap();
-    let store = RedisStore::new(limit, conn).unwrap();
+    let clock = clock();
+    let store = RedisStore::builder(limit)
+        .clock(clock.clone())
+        .build(conn)
+        .unwrap();
     let key = "hot-client";
-    assert!(store.check(&key, 1).await.unwrap().is_allowed());
-    assert!(store.check(&key, 1).await.unwrap().is_allowed());
-    let refused = store.check(&key, 1).await.unwrap();
+    assert!(store.decide(&key, 1).await.unwrap().is_allowed());
+    assert!(store.decide(&key, 1).await.unwrap().is_allowed());
+    let refused = store.decide(&key, 1).await.unwrap();
     assert_eq!(refused.source(), Source::Store);
     let retry = refused.retry_after().expect("refused");
-    let refused_at = Instant::now();
+    assert_eq!(retry, Duration::from_millis(400));
     let calls = server.calls("evalsha");
     assert!(calls >= 3);
-
-    // Hammer it until just before the retry-after: no EVALSHA reaches Redis.
-    let mut local = 0;
-    while refused_at.elapsed() + Duration::from_millis(30) < retry {
-        let d = store.check(&key, 1).await.unwrap();
-        assert!(!d.is_allowed());
-        assert_eq!(d.source(), Source::NegativeCache);
-        let left = d.retry_after().unwrap();
-        assert!(left <= retry && left + refused_at.elapsed() >= retry - Duration::from_millis(5));
-        local += 1;
-        tokio::time::sleep(Duration::from_micros(500)).await;
-    }
-    assert_eq!(
-        server.calls("evalsha"),
-        calls,
-        "the cache answered {local} refusals without Redis"
-    );
     // A larger cost is refused locally too; a smaller one would still ask Redis.
     assert_eq!(
-        store.check(&key, 2).await.unwrap().source(),
+        store.decide(&key, 2).await.unwrap().source(),
         Source::NegativeCache
     );
-    eprintln!("negative cache: {local} refusals answered locally, 0 Redis calls");
 
-    // Past the retry-after, Redis decides again and admits.
-    tokio::time::sleep(retry.saturating_sub(refused_at.elapsed()) + Duration::from_millis(5)).await;
-    let d = store.check(&key, 1).await.unwrap();
+    // Every millisecond until 1 ns before the retry-after: no EVALSHA reaches Redis, and
+    // each local answer counts the retry-after down exactly.
+    for ms in 0..400u64 {
+        let d = store.decide(&key, 1).await.unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.source(), Source::NegativeCache);
+        assert_eq!(
+            d.retry_after(),
+            Some(retry - Duration::from_millis(ms)),
+            "at +{ms} ms"
+        );
+        clock.advance(Duration::from_millis(1));
+    }
+    assert_eq!(server.calls("evalsha"), calls, "400 refusals without Redis");
+
+    // At the retry-after, Redis decides again and admits.
+    let d = store.decide(&key, 1).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
     assert_eq!(server.calls("evalsha"), calls + 1);
@@ -81,23 +88,25 @@ async fn smaller_cost_and_refund_go_to_redis() {
             .unwrap(),
     )
     .unwrap();
-    let store = RedisStore::new(limit, conn).unwrap();
+    let store = RedisStore::builder(limit)
+        .clock(clock())
+        .build(conn)
+        .unwrap();
     let key = 7u32;
-    assert!(store.check(&key, 2).await.unwrap().is_allowed());
-    let refused = store.check(&key, 2).await.unwrap();
+    assert!(store.decide(&key, 2).await.unwrap().is_allowed());
+    let refused = store.decide(&key, 2).await.unwrap();
     assert!(!refused.is_allowed());
     // Cost 1 still fits: the cached refusal of cost 2 does not answer it.
-    let d = store.check(&key, 1).await.unwrap();
+    let d = store.decide(&key, 1).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
     assert_eq!(
-        store.check(&key, 2).await.unwrap().source(),
+        store.decide(&key, 2).await.unwrap().source(),
         Source::NegativeCache
     );
     // A refund forgets the cached refusal and gives the units back.
-    Store::refund(&store, &key, 3);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let d = store.check(&key, 2).await.unwrap();
+    store.refund_confirmed(&key, 3).await.unwrap();
+    let d = store.decide(&key, 2).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
 }

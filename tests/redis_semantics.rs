@@ -40,12 +40,7 @@ fn equivalent_to_memory_store() {
     runner
         .run(
             &(policy_strategy(), ops_strategy(), start),
-            |(policy, ops, start)| {
-                let store = RedisStore::builder(policy.clone())
-                    .build(conn.clone())
-                    .unwrap();
-                rt.block_on(compare(&store, &policy, start, &ops))
-            },
+            |(policy, ops, start)| rt.block_on(compare(&conn, &policy, start, &ops)),
         )
         .unwrap();
 }
@@ -65,7 +60,6 @@ fn boundaries_match() {
         .unwrap()
         .and(Limit::fixed_window(Quota::new(4, Duration::from_millis(700)).unwrap()).unwrap())
         .unwrap();
-        let store = RedisStore::builder(policy.clone()).build(conn).unwrap();
         let t0 = 1_755_000_000_123_456u64;
         let mut ops = vec![(0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 7)];
         // Walk to exactly the retry-after of the third request and around it.
@@ -80,7 +74,7 @@ fn boundaries_match() {
             (0, 3, 9),
             (0, 1, 0),
         ]);
-        compare(&store, &policy, t0, &ops).await.unwrap();
+        compare(&conn, &policy, t0, &ops).await.unwrap();
     });
 }
 
@@ -167,17 +161,13 @@ fn foreign_values_are_read_as_fresh_state() {
                 &[0, 0, 0, 0, 0, 0, 0xf0, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0], // -1, 0
             ] {
                 let _: () = cmd(&mut con, &[b"SET", &rkey, foreign]).await;
-                let d = store.check(&key, 1).await.unwrap();
+                let d = store.decide(&key, 1).await.unwrap();
                 assert!(d.is_allowed(), "{foreign:?}");
                 assert_eq!(d.remaining(), 4, "{foreign:?} read as fresh");
                 let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
                 assert_eq!(stored_words(&raw).len(), words, "{foreign:?} replaced");
                 let _: () = cmd(&mut con, &[b"SET", &rkey, foreign]).await;
-                let now_ns = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64;
-                store.refund_at(&key, 1, now_ns).await.unwrap();
+                store.refund_confirmed(key.as_str(), 1).await.unwrap();
                 let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
                 assert_eq!(raw, foreign, "a refund of no state writes nothing");
             }
@@ -203,7 +193,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let rkey = store.redis_key(key.as_str());
         let mut last = None;
         for _ in 0..3 {
-            last = Some(store.check(&key, 1).await.unwrap());
+            last = Some(store.decide(&key, 1).await.unwrap());
         }
         let last = last.unwrap();
         assert_eq!(last.source(), Source::Store);
@@ -231,7 +221,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         );
 
         // Exhaust, then a refusal does not extend the TTL.
-        while store.check(&key, 1).await.unwrap().is_allowed() {}
+        while store.decide(&key, 1).await.unwrap().is_allowed() {}
         let before: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
         let raw_before: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -240,7 +230,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
             .negative_cache(0)
             .build(conn.clone())
             .unwrap();
-        let refused = no_cache.check(&key, 1).await.unwrap();
+        let refused = no_cache.decide(&key, 1).await.unwrap();
         assert!(!refused.is_allowed());
         let after: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
         let raw_after: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
@@ -256,7 +246,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
                 .namespace("ttl-test")
                 .build(conn.clone())
                 .unwrap();
-        assert!(short.check(&key, 2).await.unwrap().is_allowed());
+        assert!(short.decide(&key, 2).await.unwrap().is_allowed());
         let skey = short.redis_key(key.as_str());
         let exists: i64 = cmd(&mut con, &[b"EXISTS", &skey]).await;
         assert_eq!(exists, 1);
@@ -275,7 +265,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         .namespace("ttl-test")
         .build(conn)
         .unwrap();
-        let d = multi.check(&key, 3).await.unwrap();
+        let d = multi.decide(&key, 3).await.unwrap();
         assert!(d.is_allowed());
         let mkey = multi.redis_key(key.as_str());
         let raw: Vec<u8> = cmd(&mut con, &[b"GET", &mkey]).await;
@@ -305,10 +295,10 @@ fn exceeds_and_source() {
         )
         .unwrap();
         let key = format!("exc-{}", std::process::id());
-        let d = Store::check(&store, &key, 6).await.unwrap();
+        let d = Store::decide(&store, &key, 6).await.unwrap();
         assert_eq!(d.outcome(), Outcome::Exceeds);
         assert_eq!(d.source(), Source::Store);
-        let d = Store::peek(&store, &key, 5).await.unwrap();
+        let d = Store::preview(&store, &key, 5).await.unwrap();
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
     });

@@ -43,14 +43,16 @@ fn check_against(
     arrivals: &[(u64, u64, u8)],
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     let store = MemoryStore::new(policy.clone()).with_clock(ManualClock::new());
+    let clock = store.clock().clone();
     let mut states = vec![vec![0u64; policy.state_words()]; 3];
     let mut now = 1_000_000_000u64;
     for &(gap, cost, key) in arrivals {
         now += gap;
         let expected = policy.decide(&mut states[key as usize], now, cost);
-        let got = store.check_at(&key, cost, now);
+        clock.set(now);
+        let got = store.check(&key, cost);
         proptest::prop_assert_eq!(got, expected, "key {} at {} cost {}", key, now, cost);
-        let peeked = store.peek_at(&key, 1, now);
+        let peeked = store.peek(&key, 1);
         proptest::prop_assert_eq!(peeked, policy.peek(&states[key as usize], now, 1));
     }
     Ok(())

@@ -30,7 +30,7 @@ impl Store<Option<()>> for Broken {
     fn policy(&self) -> &Policy {
         &self.policy
     }
-    fn check(&self, _: &Option<()>, _: u64) -> CheckFuture {
+    fn decide(&self, _: &Option<()>, _: u64) -> CheckFuture {
         let err = StoreError::Timeout(Duration::from_millis(20));
         if self.pending {
             CheckFuture::boxed(async move {
@@ -41,8 +41,8 @@ impl Store<Option<()>> for Broken {
             CheckFuture::ready(Err(err))
         }
     }
-    fn peek(&self, key: &Option<()>, cost: u64) -> CheckFuture {
-        self.check(key, cost)
+    fn preview(&self, key: &Option<()>, cost: u64) -> CheckFuture {
+        self.decide(key, cost)
     }
     fn refund(&self, _: &Option<()>, _: u64) {}
 }

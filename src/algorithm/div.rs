@@ -1,9 +1,9 @@
 //! Division by a divisor fixed when a limit is built, with two multiplications instead of
 //! a `div` instruction.
 //!
-//! A 64-bit `div` takes 35-90 cycles on Intel cores before Ice Lake (about 20-40 ns at
-//! 2.5 GHz), more than the rest of a check; every report divides by the emission interval
-//! (`remaining`), every window decision by the window's length. With `c = ceil(2^128 / d)`, `floor(n / d)` is the top 64 bits
+//! A 64-bit `div` is one of the slowest integer instructions (tens of cycles on many
+//! x86-64 cores), more than the rest of a check; every report divides by the emission
+//! interval (`remaining`), every window decision by the window's length. With `c = ceil(2^128 / d)`, `floor(n / d)` is the top 64 bits
 //! of the 192-bit product `c * n` for every 64-bit `n` and every `d >= 2`: the error
 //! `c * d - 2^128` is below `d <= 2^64` (Lemire, Kaser and Kurz, "Faster remainder by
 //! direct computation", 2019, theorem 1 with F = 128, N = 64). `d = 1` is the identity.

@@ -1,10 +1,13 @@
 //! GCRA: one theoretical arrival time (TAT) per key.
 //!
 //! Token bucket, strict leaky meter and leaky-bucket queue are one function with different
-//! parameters (see `REFERENCE.md`): a request of cost `n` at `now` moves the TAT to
+//! parameters: a request of cost `n` at `now` moves the TAT to
 //! `new_tat = max(tat, now) + n*T` and is admitted iff `new_tat - now <= cap`, where
 //! `cap = tau + T` (+ `queue * T` for a queue). An admitted request waits
 //! `new_tat - now - free` where `free = tau + T + nodelay * T` (zero when negative).
+//!
+//! A cost of zero spends nothing and waits for nothing: it is admitted at once, even
+//! behind a queue's backlog, and only reports the state.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -57,6 +60,10 @@ impl Gcra {
         now: u64,
         cost: u64,
     ) -> (Outcome, Option<u64>, LimitReport) {
+        if cost == 0 {
+            let (outcome, report) = self.probe(tat, now);
+            return (outcome, Some(tat), report);
+        }
         match self.step(tat, now, cost) {
             Step::Admit { new_tat, diff } => {
                 let (outcome, report) = self.admitted(diff);
@@ -93,6 +100,18 @@ impl Gcra {
         }
     }
 
+    /// A request of cost zero: admitted at once without a wait, nothing written.
+    #[inline]
+    fn probe(&self, tat: u64, now: u64) -> (Outcome, LimitReport) {
+        let fill = tat.max(now) - now;
+        (
+            Outcome::Allowed {
+                wait: std::time::Duration::ZERO,
+            },
+            self.report(fill, true),
+        )
+    }
+
     /// Largest cost one request can be admitted with: `cap / T`.
     #[inline]
     pub(crate) fn max_cost(&self) -> u64 {
@@ -122,6 +141,9 @@ impl Gcra {
         cost: u64,
     ) -> (Outcome, LimitReport) {
         let mut tat = cell.load(Ordering::Acquire);
+        if cost == 0 {
+            return self.probe(tat, now());
+        }
         loop {
             // The clock is read after the state: whoever wrote `tat` read their clock before
             // writing it, so this `now` is never older than theirs. A `now` read earlier
@@ -151,8 +173,8 @@ impl Gcra {
         let room = self.tau + self.t;
         let left = room.saturating_sub(fill);
         // Skips the division (two 64x64-bit multiplications) when less than one unit is
-        // left: every refusal of cost 1. Without the branch, check/1key/deny measured
-        // 1.02-1.07x governor on the Intel machine (four runs), with it 0.98-1.03x (seven).
+        // left: every refusal of cost 1, which the branch keeps as cheap as an admission
+        // (see the refusal rows of the core benchmark).
         let remaining = if left < self.t {
             0
         } else {

@@ -159,7 +159,7 @@ impl Limit {
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 no_burst(&quota)?;
-                let w = Window::new(quota.period_ns(), quota.limit());
+                let w = Window::new(quota.period_ns(), quota.limit(), 0);
                 if algorithm == Algorithm::FixedWindow {
                     Params::Fixed(w)
                 } else {
@@ -207,6 +207,38 @@ impl Limit {
     /// Sliding-window counter: `limit` per `period`.
     pub fn sliding_window(quota: Quota) -> Result<Self, ConfigError> {
         Self::new(quota, Algorithm::SlidingWindow)
+    }
+
+    /// Moves a window's start: windows begin at `offset` past every multiple of the window
+    /// since the Unix epoch, instead of at the multiples themselves. Day windows are UTC
+    /// calendar days by default; `Duration::from_secs(5 * 3600)` makes them start at 05:00
+    /// UTC (midnight in UTC-5).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Quota};
+    ///
+    /// let daily = Limit::fixed_window(Quota::per_day(1000)?)?
+    ///     .with_window_offset(Duration::from_secs(5 * 3600))?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::OffsetNotApplicable`] for an algorithm without windows (token bucket,
+    /// leaky meter and queue).
+    pub fn with_window_offset(mut self, offset: Duration) -> Result<Self, ConfigError> {
+        let offset = offset.as_nanos();
+        self.params = match self.params {
+            Params::Fixed(w) => {
+                Params::Fixed(Window::new(w.w, w.limit, (offset % u128::from(w.w)) as u64))
+            }
+            Params::Sliding(w) => {
+                Params::Sliding(Window::new(w.w, w.limit, (offset % u128::from(w.w)) as u64))
+            }
+            Params::Gcra(_) => return Err(ConfigError::OffsetNotApplicable(self.algorithm.name())),
+        };
+        Ok(self)
     }
 
     /// Names the limit (the `RateLimit-Policy` item name). Printable ASCII only.
@@ -465,11 +497,13 @@ impl Policy {
                     mix(2);
                     mix(w.w);
                     mix(w.limit);
+                    mix(w.shift);
                 }
                 Params::Sliding(w) => {
                     mix(3);
                     mix(w.w);
                     mix(w.limit);
+                    mix(w.shift);
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Fixed window and sliding-window counter.
 //!
-//! Window `i` spans `[i*W, (i+1)*W)` of the clock. State words: the fixed window keeps
+//! Window `i` spans `[i*W + offset, (i+1)*W + offset)` of Unix time (offset 0 unless set:
+//! day windows are UTC calendar days). State words: the fixed window keeps
 //! `[i + 1, count]`; the sliding window keeps `[i + 1, prev, cur]` (0 in the first word
 //! means "never used"). The sliding estimate is `prev * (W - e) / W + cur` where `e` is the
 //! time elapsed in the current window; it is compared in exact integer arithmetic.
@@ -17,6 +18,9 @@ pub(crate) struct Window {
     pub(crate) w: u64,
     /// Units admitted per window.
     pub(crate) limit: u64,
+    /// Added to the time before it is divided into windows: `(w - offset % w) % w`, so
+    /// that a window starts at every `offset + i * w`.
+    pub(crate) shift: u64,
     /// Division by `w`, for the window a time falls in.
     div: Divisor,
 }
@@ -34,20 +38,28 @@ fn allowed(outcome_ok: bool, retry: u64) -> Outcome {
 }
 
 impl Window {
-    /// A window of `w` ns (`w >= 1`) admitting `limit` units.
-    pub(crate) const fn new(w: u64, limit: u64) -> Self {
+    /// A window of `w` ns (`w >= 1`) admitting `limit` units, starting at `offset` past
+    /// every multiple of `w` since the Unix epoch.
+    pub(crate) const fn new(w: u64, limit: u64, offset: u64) -> Self {
         Window {
             w,
             limit,
+            shift: (w - offset % w) % w,
             div: Divisor::new(w),
         }
+    }
+
+    /// The tag of the window `now` falls in (its index plus one).
+    pub(crate) fn tag(&self, now: u64) -> u64 {
+        self.position(now).0
     }
 
     /// The tag of the window `now` falls in, and the time elapsed in it.
     #[inline]
     fn position(&self, now: u64) -> (u64, u64) {
-        let i = self.div.divide(now);
-        (i + 1, now - i * self.w)
+        let t = now + self.shift;
+        let i = self.div.divide(t);
+        (i + 1, t - i * self.w)
     }
 
     /// Fixed window: returns outcome, new state when admitted, report.

@@ -2,30 +2,39 @@
 
 use std::{fmt, sync::Arc};
 
-use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use http::{header::AUTHORIZATION, Request};
-use serde_json::Value;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
 
 use super::KeyExtractor;
+
+/// The `jsonwebtoken` crate, whose key and validation types [`BearerClaim::verified`]
+/// takes (re-exported so that its version is always the one tollgate uses).
+pub use jsonwebtoken as jwt;
 
 /// The longest `Authorization` header value read, in bytes.
 const MAX_TOKEN_LEN: usize = 8 * 1024;
 
-type Verify = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+/// How tokens are checked before a claim is read.
+#[derive(Clone)]
+enum Check {
+    /// Signature, algorithm and the time claims, with `jsonwebtoken`.
+    Verified(Arc<(DecodingKey, Validation)>),
+    /// None: an earlier layer verified the token.
+    Unverified,
+}
 
 /// Keys requests by a claim of the JWT in `Authorization: Bearer <token>`, such as `sub`
-/// or a tenant id.
+/// or a tenant id, **after verifying the token**.
 ///
-/// # The signature is not checked
-///
-/// **This extractor only decodes the token's payload; it does not verify the signature.**
-/// Anyone can write a JWT with any claims, so on its own this extractor lets a client pick
-/// its own key and escape its limit (or spend someone else's). Use it only:
-///
-/// - behind a layer that verifies the token and rejects the request when it is invalid
-///   (the rate-limit layer added inside the auth layer), or
-/// - with [`verify_with`](BearerClaim::verify_with), which is consulted first: a token it
-///   refuses gives no key.
+/// A claim is only worth keying on if the token is genuine: anyone can write a JWT with
+/// any claims, so an unverified claim lets a client mint a new identity (and a fresh
+/// bucket) per request. [`BearerClaim::verified`] and [`BearerClaim::hs256`] check the
+/// signature, the algorithm, `exp` (required) and `nbf` with the well-kept
+/// [`jsonwebtoken`](jwt) crate; a token that fails gives no key, so forged tokens all
+/// land in the layer's keyless bucket (`MissingKey::Shared`) or are refused
+/// (`MissingKey::Reject`). [`BearerClaim::unverified`] skips the check, for a layer
+/// placed inside an auth layer that already rejected bad tokens.
 ///
 /// Prefer [`ExtensionKey`](super::ExtensionKey) when the auth layer already puts the
 /// verified claims in the request extensions: it costs no second decode.
@@ -34,58 +43,66 @@ type Verify = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 ///
 /// A `String`: a string claim as is, an integer claim as its decimal digits. The key is
 /// `None` when the header is missing, not `Bearer` (case-insensitive), longer than 8 KiB,
-/// not a three-part JWS compact token, when the payload is not unpadded base64url JSON
-/// object, or when the claim is missing, empty or of another type.
+/// when the token fails verification, or when the claim is missing, empty or of another
+/// type.
 ///
 /// See the [module docs](super) for the other extractors.
 ///
 /// ```
-/// use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
-/// use tollgate::key::{BearerClaim, KeyExtractor};
+/// use tollgate::key::{jwt, BearerClaim, KeyExtractor};
 ///
-/// let payload = URL_SAFE_NO_PAD.encode(r#"{"sub":"alice","tenant":42}"#);
-/// let token = format!("eyJhbGciOiJIUzI1NiJ9.{payload}.c2ln");
+/// let secret = b"a secret shared with the issuer";
+/// let by_user = BearerClaim::hs256("sub", secret);
+///
+/// let claims = serde_json::json!({ "sub": "alice", "exp": jwt::get_current_timestamp() + 600 });
+/// let token = jwt::encode(&jwt::Header::default(), &claims, &jwt::EncodingKey::from_secret(secret))?;
 /// let req = http::Request::builder()
 ///     .header("authorization", format!("Bearer {token}"))
 ///     .body(())?;
+/// assert_eq!(by_user.extract(&req).as_deref(), Some("alice"));
 ///
-/// assert_eq!(BearerClaim::sub().extract(&req).as_deref(), Some("alice"));
-/// assert_eq!(BearerClaim::claim("tenant").extract(&req).as_deref(), Some("42"));
-///
-/// // With a verifier, a token it refuses gives no key.
-/// let checked = BearerClaim::sub().verify_with(|_token: &str| false);
-/// assert_eq!(checked.extract(&req), None);
+/// // The same claims signed with another key give no key at all.
+/// let forged = jwt::encode(&jwt::Header::default(), &claims, &jwt::EncodingKey::from_secret(b"guess"))?;
+/// let req = http::Request::builder()
+///     .header("authorization", format!("Bearer {forged}"))
+///     .body(())?;
+/// assert_eq!(by_user.extract(&req), None);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 #[must_use]
 pub struct BearerClaim {
     claim: Arc<str>,
-    verify: Option<Verify>,
+    check: Check,
 }
 
 impl BearerClaim {
-    /// Keys by the `sub` (subject) claim.
-    pub fn sub() -> Self {
-        Self::claim("sub")
-    }
-
-    /// Keys by the claim `name` (a top-level member of the payload).
-    pub fn claim(name: &str) -> Self {
+    /// Keys by the claim `name` (a top-level member of the payload) of tokens verified
+    /// with `key` under `validation` (which names the accepted algorithms and time claims;
+    /// see [`jwt::Validation`]).
+    pub fn verified(name: &str, key: DecodingKey, validation: Validation) -> Self {
         Self {
             claim: name.into(),
-            verify: None,
+            check: Check::Verified(Arc::new((key, validation))),
         }
     }
 
-    /// Checks each token with `verify` (given the compact token, without the `Bearer `
-    /// prefix) before reading it: a token for which it returns `false` gives no key.
-    pub fn verify_with<F>(mut self, verify: F) -> Self
-    where
-        F: Fn(&str) -> bool + Send + Sync + 'static,
-    {
-        self.verify = Some(Arc::new(verify));
-        self
+    /// Keys by the claim `name` of HS256 tokens signed with `secret`, requiring `exp` and
+    /// checking `nbf` when present (60 s of leeway for clock skew).
+    pub fn hs256(name: &str, secret: &[u8]) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.validate_nbf = true;
+        Self::verified(name, DecodingKey::from_secret(secret), validation)
+    }
+
+    /// Keys by the claim `name` **without verifying the token**: only for a layer that
+    /// runs after an auth layer which already rejected invalid tokens. On its own, it lets
+    /// clients choose their key.
+    pub fn unverified(name: &str) -> Self {
+        Self {
+            claim: name.into(),
+            check: Check::Unverified,
+        }
     }
 
     fn read(&self, header: &[u8]) -> Option<String> {
@@ -98,19 +115,10 @@ impl BearerClaim {
             return None;
         }
         let token = token.trim_matches(' ');
-        let mut parts = token.split('.');
-        let (Some(_), Some(payload), Some(_), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return None;
+        let claims: Map<String, Value> = match &self.check {
+            Check::Verified(kv) => jsonwebtoken::decode(token, &kv.0, &kv.1).ok()?.claims,
+            Check::Unverified => jsonwebtoken::dangerous::insecure_decode_claims(token).ok()?,
         };
-        if let Some(verify) = &self.verify {
-            if !verify(token) {
-                return None;
-            }
-        }
-        let json = URL_SAFE_NO_PAD.decode(payload).ok()?;
-        let claims: Value = serde_json::from_slice(&json).ok()?;
         let key = match claims.get(&*self.claim)? {
             Value::String(s) => s.clone(),
             Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
@@ -124,7 +132,7 @@ impl fmt::Debug for BearerClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BearerClaim")
             .field("claim", &self.claim)
-            .field("verified", &self.verify.is_some())
+            .field("verified", &matches!(self.check, Check::Verified(_)))
             .finish()
     }
 }
@@ -139,10 +147,20 @@ impl<B> KeyExtractor<Request<B>> for BearerClaim {
 
 #[cfg(test)]
 mod tests {
+    use jsonwebtoken::{encode, get_current_timestamp, EncodingKey, Header};
+    use serde_json::json;
+
     use super::*;
 
-    fn token(payload: &str) -> String {
-        format!("eyJhbGciOiJub25lIn0.{}.", URL_SAFE_NO_PAD.encode(payload))
+    const SECRET: &[u8] = b"test secret";
+
+    fn signed(claims: &Value, secret: &[u8]) -> String {
+        encode(
+            &Header::default(),
+            claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
     }
 
     fn req(auth: &str) -> Request<()> {
@@ -152,14 +170,19 @@ mod tests {
             .unwrap()
     }
 
+    fn exp() -> u64 {
+        get_current_timestamp() + 600
+    }
+
     #[test]
-    fn reads_claims() {
-        let r = req(&format!(
-            "bearer  {}",
-            token(r#"{"sub":"u-1","n":-12,"big":18446744073709551615,"f":1.5,"b":true,"e":""}"#)
-        ));
-        let get = |c| BearerClaim::claim(c).extract(&r);
-        assert_eq!(BearerClaim::sub().extract(&r).as_deref(), Some("u-1"));
+    fn reads_claims_of_verified_tokens() {
+        let t = signed(
+            &json!({"sub":"u-1","n":-12,"big":18446744073709551615u64,"f":1.5,"b":true,"e":"","exp":exp()}),
+            SECRET,
+        );
+        let r = req(&format!("bearer  {t}"));
+        let get = |c| BearerClaim::hs256(c, SECRET).extract(&r);
+        assert_eq!(get("sub").as_deref(), Some("u-1"));
         assert_eq!(get("n").as_deref(), Some("-12"));
         assert_eq!(get("big").as_deref(), Some("18446744073709551615"));
         assert_eq!(get("f"), None);
@@ -168,10 +191,47 @@ mod tests {
         assert_eq!(get("missing"), None);
     }
 
+    /// Regression: tokens were decoded without verification by default, so a client could
+    /// mint a new identity (and bucket) per request.
+    #[test]
+    fn forged_expired_and_early_tokens_give_no_key() {
+        let sub = BearerClaim::hs256("sub", SECRET);
+        let good = signed(&json!({"sub":"x","exp":exp()}), SECRET);
+        assert_eq!(
+            sub.extract(&req(&format!("Bearer {good}"))).as_deref(),
+            Some("x")
+        );
+        let other_key = signed(&json!({"sub":"x","exp":exp()}), b"not the secret");
+        let expired = signed(
+            &json!({"sub":"x","exp":get_current_timestamp() - 3600}),
+            SECRET,
+        );
+        let no_exp = signed(&json!({"sub":"x"}), SECRET);
+        let early = signed(
+            &json!({"sub":"x","exp":exp(),"nbf":get_current_timestamp() + 3600}),
+            SECRET,
+        );
+        // alg "none" with the payload of a good token.
+        let payload = good.split('.').nth(1).unwrap();
+        let alg_none = format!("eyJhbGciOiJub25lIn0.{payload}.");
+        // A good signature over another payload.
+        let parts: Vec<&str> = good.split('.').collect();
+        let other = signed(&json!({"sub":"y","exp":exp()}), SECRET);
+        let swapped = format!(
+            "{}.{}.{}",
+            parts[0],
+            other.split('.').nth(1).unwrap(),
+            parts[2]
+        );
+        for t in [other_key, expired, no_exp, early, alg_none, swapped] {
+            assert_eq!(sub.extract(&req(&format!("Bearer {t}"))), None, "{t}");
+        }
+    }
+
     #[test]
     fn malformed_is_none() {
-        let sub = BearerClaim::sub();
-        let good = token(r#"{"sub":"x"}"#);
+        let sub = BearerClaim::unverified("sub");
+        let good = signed(&json!({"sub":"x","exp":exp()}), SECRET);
         for auth in [
             format!("Basic {good}"),
             format!("Bearer{good}"),
@@ -179,13 +239,7 @@ mod tests {
             "Bearer a.b".to_owned(),
             format!("Bearer {good}.extra.part"),
             "Bearer a.!!!.c".to_owned(),
-            format!("Bearer a.{}.c", URL_SAFE_NO_PAD.encode("not json")),
-            format!("Bearer a.{}.c", URL_SAFE_NO_PAD.encode("[1,2]")),
-            format!("Bearer a.{}=.c", URL_SAFE_NO_PAD.encode(r#"{"sub":"x"}"#)),
-            format!(
-                "Bearer {}",
-                token(&format!(r#"{{"sub":"{}"}}"#, "x".repeat(9000)))
-            ),
+            format!("Bearer {}", "x".repeat(9000)),
         ] {
             assert_eq!(sub.extract(&req(&auth)), None, "{auth}");
         }
@@ -197,16 +251,13 @@ mod tests {
     }
 
     #[test]
-    fn verifier_is_consulted_first() {
-        let good = token(r#"{"sub":"x"}"#);
-        let expected = good.clone();
-        let k = BearerClaim::sub().verify_with(move |t: &str| t == expected);
+    fn unverified_reads_any_token() {
+        let forged = signed(&json!({"sub":"mallory"}), b"anything");
+        let k = BearerClaim::unverified("sub");
         assert_eq!(
-            k.extract(&req(&format!("Bearer {good}"))).as_deref(),
-            Some("x")
+            k.extract(&req(&format!("Bearer {forged}"))).as_deref(),
+            Some("mallory")
         );
-        let forged = token(r#"{"sub":"y"}"#);
-        assert_eq!(k.extract(&req(&format!("Bearer {forged}"))), None);
-        assert!(format!("{k:?}").contains("verified: true"));
+        assert!(format!("{k:?}").contains("verified: false"));
     }
 }

@@ -199,6 +199,10 @@ impl<B> KeyExtractor<Request<B>> for ClientIp {
     fn extract(&self, req: &Request<B>) -> Option<IpAddr> {
         self.client(req).map(|ip| self.grouping.group(ip))
     }
+
+    fn misconfiguration(&self, req: &Request<B>) -> Option<&'static str> {
+        peer_addr(req).is_none().then_some(super::NO_PEER_ADDRESS)
+    }
 }
 
 #[cfg(test)]

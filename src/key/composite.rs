@@ -16,6 +16,11 @@ macro_rules! tuple_extractor {
                 let ($($part,)+) = self;
                 Some(($($part.extract(req)?,)+))
             }
+
+            fn misconfiguration(&self, req: &Req) -> Option<&'static str> {
+                let ($($part,)+) = self;
+                Option::<&'static str>::None$(.or_else(|| $part.misconfiguration(req)))+
+            }
         }
     };
 }
@@ -61,6 +66,13 @@ where
 
     fn extract(&self, req: &Req) -> Option<A::Key> {
         self.first.extract(req).or_else(|| self.second.extract(req))
+    }
+
+    fn misconfiguration(&self, req: &Req) -> Option<&'static str> {
+        // Missing only when both are: the second is the fallback, so its reason counts.
+        self.second
+            .misconfiguration(req)
+            .or_else(|| self.first.misconfiguration(req))
     }
 }
 

@@ -1,6 +1,8 @@
 //! [`HeaderKey`]: the value of a named request header (an API key).
 
-use http::{HeaderName, HeaderValue, Request};
+use std::fmt;
+
+use http::{HeaderName, Request};
 
 use super::KeyExtractor;
 use crate::ConfigError;
@@ -10,8 +12,10 @@ const DEFAULT_MAX_LEN: usize = 256;
 
 /// Keys requests by the value of a request header, such as `x-api-key`.
 ///
-/// The key is the [`HeaderValue`] itself (bytes, compared exactly). It is `None` when the
-/// header is missing, empty, or longer than [`max_len`](HeaderKey::max_len) (256 bytes by
+/// The key is a [`HeaderBytes`]: the value's bytes copied out of the request, compared
+/// exactly. A copy, not the `HeaderValue`: a header value shares the connection's whole
+/// read buffer, which a stored key would keep alive. It is `None` when the header is
+/// missing, empty, or longer than [`max_len`](HeaderKey::max_len) (256 bytes by
 /// default). When the header occurs several times, the first occurrence is used.
 ///
 /// # Deployment caveat
@@ -64,12 +68,81 @@ impl HeaderKey {
 }
 
 impl<B> KeyExtractor<Request<B>> for HeaderKey {
-    type Key = HeaderValue;
+    type Key = HeaderBytes;
 
-    fn extract(&self, req: &Request<B>) -> Option<HeaderValue> {
-        let value = req.headers().get(&self.name)?;
-        let len = value.len();
-        (len > 0 && len <= self.max_len).then(|| value.clone())
+    fn extract(&self, req: &Request<B>) -> Option<HeaderBytes> {
+        let value = req.headers().get(&self.name)?.as_bytes();
+        (!value.is_empty() && value.len() <= self.max_len).then(|| HeaderBytes(value.into()))
+    }
+}
+
+/// The bytes of a header value, copied out of the request: the key of [`HeaderKey`].
+///
+/// It owns exactly the value's bytes and nothing of the request around them. It compares
+/// with `str` and byte slices, dereferences to `[u8]` (so `key.starts_with(b"pro_")`
+/// works), and shows as text in `Debug`.
+///
+/// See the [module docs](super).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HeaderBytes(Box<[u8]>);
+
+impl HeaderBytes {
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The value as text, when it is visible ASCII (as HTTP header text should be).
+    pub fn to_str(&self) -> Option<&str> {
+        self.0
+            .iter()
+            .all(|b| (0x20..0x7f).contains(b) || *b == b'\t')
+            .then(|| std::str::from_utf8(&self.0).ok())
+            .flatten()
+    }
+}
+
+impl From<&str> for HeaderBytes {
+    fn from(s: &str) -> Self {
+        HeaderBytes(s.as_bytes().into())
+    }
+}
+
+impl std::ops::Deref for HeaderBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for HeaderBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for HeaderBytes {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other.as_bytes()
+    }
+}
+
+impl PartialEq<&str> for HeaderBytes {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == *other.as_bytes()
+    }
+}
+
+impl PartialEq<[u8]> for HeaderBytes {
+    fn eq(&self, other: &[u8]) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl fmt::Debug for HeaderBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
     }
 }
 

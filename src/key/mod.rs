@@ -12,9 +12,9 @@
 //! |---|---|---|
 //! | [`PeerIp`] | [`IpAddr`](std::net::IpAddr) | the TCP peer's address; IPv6 grouped by /56 |
 //! | [`ClientIp`] | [`IpAddr`](std::net::IpAddr) | the client behind trusted proxies (`X-Forwarded-For` or `Forwarded`) |
-//! | [`HeaderKey`] | [`HeaderValue`](http::HeaderValue) | a header such as `x-api-key`, length-capped |
+//! | [`HeaderKey`] | [`HeaderBytes`] | a header such as `x-api-key`, length-capped |
 //! | [`ExtensionKey`] / [`ExtensionMap`] | `T` / `K` | a value an auth layer put in the extensions |
-//! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, **signature not checked** |
+//! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, verified |
 //! | `MatchedRoute` (feature `axum`) | `String` | the matched axum route pattern |
 //! | [`MethodKey`] | [`Method`](http::Method) | the request method |
 //! | [`Global`] | `()` | nothing: one limit for everyone |
@@ -75,11 +75,11 @@ mod route;
 mod claim;
 
 #[cfg(feature = "jwt")]
-pub use self::claim::BearerClaim;
+pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};
 pub use self::composite::{KeyExtractorExt, Or};
 pub use self::extension::{ExtensionKey, ExtensionMap};
-pub use self::header::HeaderKey;
+pub use self::header::{HeaderBytes, HeaderKey};
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;
@@ -100,7 +100,22 @@ pub trait KeyExtractor<Req> {
 
     /// Extracts the key, or `None` when the request carries none.
     fn extract(&self, req: &Req) -> Option<Self::Key>;
+
+    /// Called after [`extract`](KeyExtractor::extract) gave `None`: a one-line
+    /// explanation when the key is missing because the server is not set up to provide
+    /// what this extractor reads (no connection address, no matched route), rather than
+    /// because this request lacks it. The layer logs it once (a `tracing` warning), since
+    /// such a setup quietly puts every client into one bucket. The default says nothing.
+    fn misconfiguration(&self, req: &Req) -> Option<&'static str> {
+        let _ = req;
+        None
+    }
 }
+
+/// What [`PeerIp`] and [`ClientIp`] say when a request carries no connection address.
+pub(crate) const NO_PEER_ADDRESS: &str = "the request carries no connection address; serve \
+     the app with `into_make_service_with_connect_info::<SocketAddr>()` (or insert the peer \
+     `SocketAddr` into the request extensions)";
 
 /// A [`KeyExtractor`] made from a closure; built by [`key_fn`].
 ///

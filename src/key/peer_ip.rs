@@ -108,6 +108,10 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
     fn extract(&self, req: &Request<B>) -> Option<IpAddr> {
         peer_addr(req).map(|addr| self.group(addr.ip()))
     }
+
+    fn misconfiguration(&self, req: &Request<B>) -> Option<&'static str> {
+        peer_addr(req).is_none().then_some(super::NO_PEER_ADDRESS)
+    }
 }
 
 /// The remote address of the connection, from `ConnectInfo<SocketAddr>` (feature `axum`)

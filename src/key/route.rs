@@ -39,6 +39,17 @@ impl<B> KeyExtractor<Request<B>> for MatchedRoute {
             .get::<axum::extract::MatchedPath>()
             .map(|p| p.as_str().to_owned())
     }
+
+    fn misconfiguration(&self, req: &Request<B>) -> Option<&'static str> {
+        let routed = req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .is_some();
+        (!routed).then_some(
+            "no matched route: add a `MatchedRoute` layer with `Router::route_layer` or on a \
+             route, inside the router, not with `Router::layer`",
+        )
+    }
 }
 
 /// Keys requests by their HTTP method, e.g. a tighter limit on `POST` than on `GET` when

@@ -60,9 +60,8 @@ pub(crate) struct Responder {
     ietf: bool,
     legacy: bool,
     problem: bool,
-    /// Formatted once per layer and leaked (a few dozen bytes per layer built), so every
-    /// response carries it by reference and clones it without touching a shared counter.
-    policy_value: &'static HeaderValue,
+    /// Formatted once per layer; every response carries a clone, which shares the bytes.
+    policy_value: HeaderValue,
     prefixes: Vec<Vec<u8>>,
     quotas: Vec<u64>,
     bodies: Vec<Bytes>,
@@ -76,7 +75,7 @@ impl fmt::Debug for Responder {
             .field("ietf", &self.ietf)
             .field("legacy", &self.legacy)
             .field("problem", &self.problem)
-            .field("policy", self.policy_value)
+            .field("policy", &self.policy_value)
             .field("custom_rejection", &self.rejection.is_some())
             .finish()
     }
@@ -87,40 +86,42 @@ impl fmt::Debug for Responder {
 #[derive(Debug, Default)]
 pub(crate) struct ResponseHeaders {
     rate_limit: Option<HeaderValue>,
-    policy: Option<&'static HeaderValue>,
+    policy: Option<HeaderValue>,
     legacy: Option<Box<[HeaderValue; 3]>>,
 }
 
 impl ResponseHeaders {
+    /// Adds the fields to a response. The IETF fields are lists: a layer adds its items
+    /// beside those of other tollgate layers (an inner layer's refusal keeps its own).
+    /// The legacy trio holds one limit: the one with the fewest units left wins.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some(p) = self.policy {
-            headers.insert(&RATELIMIT_POLICY, p.clone());
+            headers.append(&RATELIMIT_POLICY, p);
         }
         if let Some(v) = self.rate_limit {
-            headers.insert(&RATELIMIT, v);
+            headers.append(&RATELIMIT, v);
         }
         if let Some(legacy) = self.legacy {
             let [limit, remaining, reset] = *legacy;
-            headers.insert(&X_LIMIT, limit);
-            headers.insert(&X_REMAINING, remaining);
-            headers.insert(&X_RESET, reset);
+            let fewer = |v: &HeaderValue| v.to_str().ok()?.parse::<u64>().ok();
+            let theirs = headers.get(&X_REMAINING).and_then(fewer);
+            if theirs.is_none_or(|t| fewer(&remaining).is_some_and(|ours| ours < t)) {
+                headers.insert(&X_LIMIT, limit);
+                headers.insert(&X_REMAINING, remaining);
+                headers.insert(&X_RESET, reset);
+            }
         }
     }
 }
 
-/// A header value that lives for the rest of the process: built from leaked text when it
-/// is valid (so clones are free), from the bytes otherwise.
-fn leak_value(bytes: Vec<u8>) -> &'static HeaderValue {
-    let value = match String::from_utf8(bytes) {
-        Ok(text) if HeaderValue::from_str(&text).is_ok() => {
-            HeaderValue::from_static(Box::leak(text.into_boxed_str()))
-        }
-        Ok(text) => {
-            HeaderValue::from_bytes(text.as_bytes()).unwrap_or(HeaderValue::from_static(""))
-        }
-        Err(_) => HeaderValue::from_static(""),
-    };
-    Box::leak(Box::new(value))
+/// A header value from formatted bytes whose clones share one allocation.
+fn shared_value(bytes: Vec<u8>) -> HeaderValue {
+    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
+        .unwrap_or_else(|_| HeaderValue::from_static(""));
+    // The first clone of bytes taken from a `Vec` allocates their shared counter: pay it
+    // here, at build time, not in the first response.
+    drop(value.clone());
+    value
 }
 
 fn json_escape(s: &str, out: &mut String) {
@@ -302,7 +303,7 @@ impl Responder {
             ietf,
             legacy,
             problem,
-            policy_value: leak_value(policy_value),
+            policy_value: shared_value(policy_value),
             prefixes,
             quotas: limits.iter().map(|l| l.quota().limit()).collect(),
             bodies,
@@ -335,7 +336,7 @@ impl Responder {
     pub(crate) fn headers(&self, d: &Decision) -> ResponseHeaders {
         let mut h = ResponseHeaders::default();
         if self.ietf {
-            h.policy = Some(self.policy_value);
+            h.policy = Some(self.policy_value.clone());
             h.rate_limit = Some(self.rate_limit_value(d));
         }
         if self.legacy {
@@ -384,8 +385,13 @@ impl Responder {
             headers.insert(CACHE_CONTROL, NO_STORE);
         }
         if let Some(wait) = d.retry_after() {
-            if !headers.contains_key(RETRY_AFTER) {
-                headers.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
+            // The longest wait wins over one the rejection closure set.
+            let secs = retry_after_secs(wait);
+            let theirs = headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if theirs.is_none_or(|t| t < secs) {
+                headers.insert(RETRY_AFTER, seconds_value(secs));
             }
         }
         if !headers.contains_key(&RATELIMIT) {

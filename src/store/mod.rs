@@ -17,6 +17,7 @@
 //! ```
 
 mod key_bytes;
+pub(crate) mod map;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -34,24 +35,28 @@ pub use self::redis::{
     SyncTask,
 };
 pub use key_bytes::KeyBytes;
-pub use memory::{MemoryStats, MemoryStore};
+pub use memory::{MemoryStats, MemoryStore, DEFAULT_MAX_BYTES};
 
 use crate::{decision::Decision, error::StoreError, Policy};
 
 /// A keyed, policy-bound rate-limit state. See the [module docs](self).
+///
+/// The middleware calls it; a store's own synchronous methods (such as
+/// [`MemoryStore::check`]) have other names, so importing this trait never changes what a
+/// method call means.
 pub trait Store<K>: Send + Sync + 'static {
     /// The policy this store enforces.
     fn policy(&self) -> &Policy;
 
     /// Decides for `key` and charges `cost` when admitted.
-    fn check(&self, key: &K, cost: u64) -> CheckFuture;
+    fn decide(&self, key: &K, cost: u64) -> CheckFuture;
 
     /// Decides for `key` without charging anything.
-    fn peek(&self, key: &K, cost: u64) -> CheckFuture;
+    fn preview(&self, key: &K, cost: u64) -> CheckFuture;
 
     /// Decides and charges at once, when the store can without I/O (the memory store
-    /// always can). `None`: use [`Store::check`]. The middleware tries this first.
-    fn check_now(&self, key: &K, cost: u64) -> Option<Decision> {
+    /// always can). `None`: use [`Store::decide`]. The middleware tries this first.
+    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
         let _ = (key, cost);
         None
     }
@@ -134,16 +139,16 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     fn policy(&self) -> &Policy {
         (**self).policy()
     }
-    fn check(&self, key: &K, cost: u64) -> CheckFuture {
-        (**self).check(key, cost)
+    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
+        (**self).decide(key, cost)
     }
-    fn peek(&self, key: &K, cost: u64) -> CheckFuture {
-        (**self).peek(key, cost)
+    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
+        (**self).preview(key, cost)
     }
     fn refund(&self, key: &K, cost: u64) {
         (**self).refund(key, cost)
     }
-    fn check_now(&self, key: &K, cost: u64) -> Option<Decision> {
-        (**self).check_now(key, cost)
+    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
+        (**self).decide_now(key, cost)
     }
 }

@@ -9,7 +9,8 @@ use std::{
 
 use proptest::{prelude::*, test_runner::TestCaseError};
 use tollgate::{
-    store::{MemoryStore, RedisStore},
+    clock::{Clock, ManualClock},
+    store::{MemoryStore, RedisConnection, RedisStore, Store},
     Limit, Policy, Quota, Source,
 };
 
@@ -42,9 +43,10 @@ pub fn ops_strategy() -> impl Strategy<Value = Vec<(u64, u64, u8)>> {
 
 static KEY: AtomicU64 = AtomicU64::new(0);
 
-/// Runs one sequence on both stores and compares every decision.
+/// Runs one sequence on both stores, on one manual clock starting at `start_us`
+/// microseconds past the Unix epoch, and compares every decision.
 pub async fn compare(
-    store: &RedisStore,
+    conn: &RedisConnection,
     policy: &Policy,
     start_us: u64,
     ops: &[(u64, u64, u8)],
@@ -54,14 +56,20 @@ pub async fn compare(
         std::process::id(),
         KEY.fetch_add(1, Ordering::Relaxed)
     );
-    let mem: MemoryStore<String> = MemoryStore::new(policy.clone());
-    let mut now = start_us * 1000;
+    let clock = ManualClock::at(Duration::from_micros(start_us));
+    let store = RedisStore::builder(policy.clone())
+        .clock(clock.clone())
+        .negative_cache(0)
+        .build(conn.clone())
+        .unwrap();
+    let mem = MemoryStore::<String, _>::new(policy.clone()).with_clock(clock.clone());
     for (i, &(gap, cost, op)) in ops.iter().enumerate() {
-        now += gap * 1000;
+        clock.advance(Duration::from_micros(gap));
+        let now = clock.now();
         match op {
             0..=6 => {
-                let r = store.check_at(&key, cost, now).await.unwrap();
-                let m = mem.check_at(&key, cost, now).with_source(Source::Store);
+                let r = store.decide(&key, cost).await.unwrap();
+                let m = mem.check(&key, cost).with_source(Source::Store);
                 prop_assert_eq!(
                     r,
                     m,
@@ -73,13 +81,13 @@ pub async fn compare(
                 );
             }
             7 | 8 => {
-                let r = store.peek_at(&key, cost, now).await.unwrap();
-                let m = mem.peek_at(&key, cost, now).with_source(Source::Store);
+                let r = store.preview(&key, cost).await.unwrap();
+                let m = mem.peek(&key, cost).with_source(Source::Store);
                 prop_assert_eq!(r, m, "peek #{} cost {}\npolicy {:?}", i, cost, policy);
             }
             _ => {
-                store.refund_at(&key, cost, now).await.unwrap();
-                mem.refund_at(&key, cost, now);
+                store.refund_confirmed(&key, cost).await.unwrap();
+                mem.refund(&key, cost);
             }
         }
     }

@@ -3,10 +3,12 @@
 use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
-        Mutex, PoisonError,
+        Arc, Mutex, PoisonError,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
+
+use crate::clock::Clock;
 
 /// The state of the [`RedisStore`](super::RedisStore)'s circuit breaker. See the
 /// [module docs](super).
@@ -26,19 +28,30 @@ pub enum BreakerState {
 struct Inner {
     state: BreakerState,
     failures: u32,
-    opened_at: Instant,
+    /// When it opened, in the store clock's nanoseconds.
+    opened_at: u64,
     probe_in_flight: bool,
 }
 
 /// Consecutive-failure breaker with a cooldown and a single half-open probe.
-#[derive(Debug)]
 pub(super) struct Breaker {
     threshold: u32,
     cooldown: Duration,
+    clock: Arc<dyn Clock>,
     inner: Mutex<Inner>,
     /// `state == Closed && failures == 0`, republished under the lock after every change:
     /// the healthy steady state takes no lock at all.
     clean: AtomicBool,
+}
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("threshold", &self.threshold)
+            .field("cooldown", &self.cooldown)
+            .field("state", &self.state())
+            .finish()
+    }
 }
 
 /// Permission to call the store.
@@ -49,18 +62,24 @@ pub(super) enum Permit {
 }
 
 impl Breaker {
-    pub(super) fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(super) fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
             inner: Mutex::new(Inner {
                 state: BreakerState::Closed,
                 failures: 0,
-                opened_at: Instant::now(),
+                opened_at: clock.now(),
                 probe_in_flight: false,
             }),
             clean: AtomicBool::new(true),
+            clock,
         }
+    }
+
+    /// Whether the cooldown since `opened_at` has passed.
+    fn cooled(&self, opened_at: u64) -> bool {
+        self.clock.now().saturating_sub(opened_at) >= self.cooldown.as_nanos() as u64
     }
 
     fn publish(&self, i: &Inner) {
@@ -72,7 +91,7 @@ impl Breaker {
 
     pub(super) fn state(&self) -> BreakerState {
         let i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if i.state == BreakerState::Open && i.opened_at.elapsed() >= self.cooldown {
+        if i.state == BreakerState::Open && self.cooled(i.opened_at) {
             BreakerState::HalfOpen
         } else {
             i.state
@@ -87,7 +106,7 @@ impl Breaker {
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match i.state {
             BreakerState::Closed => Some(Permit::Call),
-            BreakerState::Open if i.opened_at.elapsed() < self.cooldown => None,
+            BreakerState::Open if !self.cooled(i.opened_at) => None,
             BreakerState::Open | BreakerState::HalfOpen => {
                 if i.probe_in_flight {
                     return None;
@@ -132,14 +151,14 @@ impl Breaker {
         if permit == Permit::Probe {
             i.probe_in_flight = false;
             i.state = BreakerState::Open;
-            i.opened_at = Instant::now();
+            i.opened_at = self.clock.now();
             tracing::warn!(target: "tollgate::redis", error = %what, "circuit breaker re-opened: probe failed");
             return;
         }
         i.failures = i.failures.saturating_add(1);
         if i.state == BreakerState::Closed && i.failures >= self.threshold {
             i.state = BreakerState::Open;
-            i.opened_at = Instant::now();
+            i.opened_at = self.clock.now();
             tracing::warn!(
                 target: "tollgate::redis",
                 error = %what,
@@ -157,7 +176,8 @@ mod tests {
 
     #[test]
     fn opens_probes_and_closes() {
-        let b = Breaker::new(2, Duration::from_millis(30));
+        let clock = crate::clock::ManualClock::new();
+        let b = Breaker::new(2, Duration::from_millis(30), Arc::new(clock.clone()));
         let p = b.permit().unwrap();
         b.failure(p, &"x");
         assert_eq!(b.state(), BreakerState::Closed);
@@ -165,14 +185,21 @@ mod tests {
         b.failure(p, &"x");
         assert_eq!(b.state(), BreakerState::Open);
         assert!(b.permit().is_none());
-        std::thread::sleep(Duration::from_millis(35));
+        clock.advance(Duration::from_millis(29));
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "1 ms before the cooldown ends"
+        );
+        assert!(b.permit().is_none());
+        clock.advance(Duration::from_millis(1));
         assert_eq!(b.state(), BreakerState::HalfOpen);
         let probe = b.permit().unwrap();
         assert_eq!(probe, Permit::Probe);
         assert!(b.permit().is_none(), "one probe at a time");
         b.failure(probe, &"x");
         assert_eq!(b.state(), BreakerState::Open);
-        std::thread::sleep(Duration::from_millis(35));
+        clock.advance(Duration::from_millis(30));
         let probe = b.permit().unwrap();
         b.success(probe);
         assert_eq!(b.state(), BreakerState::Closed);

@@ -15,7 +15,7 @@ use crate::{
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Admit every request ([`Source::FailOpen`](crate::Source::FailOpen)). No limiting
-    /// at all while Redis is down: the outage mode the founding post-mortem warns about.
+    /// at all while Redis is down: a slow or failing store then stops limiting altogether.
     FailOpen,
     /// Refuse every request with this retry-after
     /// ([`Source::FailClosed`](crate::Source::FailClosed)).

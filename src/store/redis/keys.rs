@@ -1,5 +1,7 @@
-//! Redis key names: `{namespace}:v2:{fingerprint}:{material}` with the material in braces
-//! (the cluster hash tag).
+//! Redis key names: `{namespace}:v3:{fingerprint}:{material}` with the material in braces
+//! (the cluster hash tag). The material is the SHA-1 of the key's bytes in hex, so a key
+//! name shows no client's API key or address; in readable mode (for debugging) short
+//! printable keys are written as they are.
 
 use crate::{error::ConfigError, store::KeyBytes, Policy};
 
@@ -27,19 +29,20 @@ pub(super) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The key prefix of one policy: `{namespace}:v2:{fingerprint as 16 hex digits}:{`.
+/// The key prefix of one policy: `{namespace}:v3:{fingerprint as 16 hex digits}:{`.
 pub(super) fn prefix(namespace: &str, policy: &Policy) -> Vec<u8> {
-    format!("{namespace}:v2:{:016x}:{{", policy.fingerprint()).into_bytes()
+    format!("{namespace}:v3:{:016x}:{{", policy.fingerprint()).into_bytes()
 }
 
-/// The full Redis key of `key` under `prefix`.
-pub(super) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + 24);
+/// The full Redis key of `key` under `prefix`: hashed, or in `readable` mode as it is when
+/// it is short and printable.
+pub(super) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 44);
     out.extend_from_slice(prefix);
     let start = out.len();
     key.write_key(&mut out);
     let material = &out[start..];
-    if material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
+    if !readable || material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
         let digest = sha1_smol::Sha1::from(material).digest().to_string();
         out.truncate(start);
         out.push(b'#');
@@ -61,35 +64,48 @@ mod tests {
     #[test]
     fn layout() {
         let p = prefix("tollgate", &policy());
-        let k = String::from_utf8(redis_key(&p, "192.0.2.1")).unwrap();
+        let k = String::from_utf8(redis_key(&p, "192.0.2.1", true)).unwrap();
         assert_eq!(
             k,
-            format!("tollgate:v2:{:016x}:{{192.0.2.1}}", policy().fingerprint())
+            format!("tollgate:v3:{:016x}:{{192.0.2.1}}", policy().fingerprint())
         );
+    }
+
+    /// Regression: API keys were written into Redis key names as they were, readable with
+    /// `SCAN` and `MONITOR`.
+    #[test]
+    fn key_material_is_hashed_by_default() {
+        let p = prefix("tollgate", &policy());
+        let k = String::from_utf8(redis_key(&p, "sk_live_abc123", false)).unwrap();
+        assert!(!k.contains("sk_live_abc123"), "{k}");
+        assert!(k.ends_with(&format!(
+            "#{}}}",
+            sha1_smol::Sha1::from("sk_live_abc123").digest()
+        )));
     }
 
     #[test]
     fn long_or_binary_material_is_hashed() {
         let p = prefix("t", &policy());
         let long = "x".repeat(65);
-        let k = String::from_utf8(redis_key(&p, long.as_str())).unwrap();
+        let k = String::from_utf8(redis_key(&p, long.as_str(), true)).unwrap();
         assert!(k.ends_with('}') && k.contains(":{#"), "{k}");
         assert_eq!(k.len(), p.len() + 1 + 40 + 1);
         let exactly = "x".repeat(64);
-        assert!(String::from_utf8(redis_key(&p, exactly.as_str()))
+        assert!(String::from_utf8(redis_key(&p, exactly.as_str(), true))
             .unwrap()
             .contains(&exactly));
         for odd in ["a b", "a{b", "a}b", "#abc", "é"] {
-            let k = redis_key(&p, odd);
+            let k = redis_key(&p, odd, true);
             assert_eq!(k.len(), p.len() + 42, "{odd}");
         }
         // Stable: SHA-1 of "a b".
-        let k = String::from_utf8(redis_key(&p, "a b")).unwrap();
+        let k = String::from_utf8(redis_key(&p, "a b", true)).unwrap();
         assert!(
             k.ends_with("#7dbde93504122a707f849f2c12bdd9de71b41929}"),
             "{k}"
         );
-        assert_ne!(redis_key(&p, "a b"), redis_key(&p, "a  b"));
+        assert_ne!(redis_key(&p, "a b", true), redis_key(&p, "a  b", true));
     }
 
     #[test]

@@ -1,37 +1,37 @@
 //! Local-first mode: decide locally, reconcile with Redis in the background.
 
 use std::{
-    collections::HashMap,
     fmt,
     sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, PoisonError, Weak,
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        Arc, Weak,
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use super::{
     keys,
     script::{self, Mode},
-    store::RedisConnection,
+    store::{RedisConnection, RedisStoreBuilder},
 };
 use crate::{
     algorithm::{Params, MAX_WORDS},
+    clock::{Clock, TokioClock},
     decision::{Decision, Source},
     error::{ConfigError, StoreError},
-    store::{CheckFuture, KeyBytes, Store},
+    store::{
+        map::{self, allocation_bytes, default_shards, KeyHasher, Residual, ShardedMap},
+        CheckFuture, KeyBytes, Store,
+    },
     Policy,
 };
 
-const SHARDS: usize = 16;
-const MIN_SWEEP: usize = 64;
-/// Default cap on the keys held locally (as the in-memory store's).
-const DEFAULT_MAX_KEYS: usize = 1 << 20;
 /// Keys synced concurrently in one round.
 const CONCURRENCY: usize = 16;
 
-#[derive(Clone, Copy)]
 struct Entry {
+    /// The Redis key.
+    key: Box<[u8]>,
     /// The policy's state words in the server's clock (ns since the Unix epoch).
     state: [u64; MAX_WORDS],
     /// Units admitted here and not yet pushed to Redis.
@@ -40,9 +40,33 @@ struct Entry {
     touched: bool,
 }
 
-struct Shard {
-    map: HashMap<Vec<u8>, Entry>,
-    sweep_at: usize,
+impl map::Entry for Entry {
+    fn heap_bytes(&self) -> usize {
+        allocation_bytes(self.key.len())
+    }
+}
+
+/// Eviction order of the local state: fresh, unused and synced entries may go at once;
+/// otherwise the entries with the fewest units not yet pushed go first, and their units
+/// are counted as lost.
+struct ByPending<'a> {
+    policy: &'a Policy,
+    now: u64,
+    lost: &'a AtomicU64,
+}
+
+impl Residual<Entry> for ByPending<'_> {
+    fn residual(&mut self, e: &mut Entry) -> u64 {
+        if e.pending == 0 && !e.touched && self.policy.is_fresh(&e.state, self.now) {
+            0
+        } else {
+            e.pending.saturating_add(1)
+        }
+    }
+
+    fn evicted(&mut self, e: &Entry) {
+        self.lost.fetch_add(e.pending, Ordering::Relaxed);
+    }
 }
 
 struct Shared {
@@ -50,17 +74,20 @@ struct Shared {
     policy: Policy,
     limits: Vec<u64>,
     prefix: Vec<u8>,
+    readable: bool,
     interval: Duration,
-    shards: Box<[Mutex<Shard>]>,
-    /// Server time minus local monotonic time, in ns.
+    map: ShardedMap<Entry>,
+    hasher: KeyHasher,
+    clock: Arc<dyn Clock>,
+    /// Whether the syncs send `clock`'s time to the script instead of the server's.
+    overrides: bool,
+    /// Server time minus the clock's time, in ns (0 when the clock is the time source).
     offset: AtomicI64,
-    epoch: Instant,
     started: AtomicBool,
     rounds: AtomicU64,
     failed_rounds: AtomicU64,
-    /// Keys one shard may hold; at the cap the eighth with the least unsynced usage goes.
-    shard_cap: AtomicUsize,
-    /// Units admitted here but evicted at the cap before they were pushed to Redis.
+    /// Units admitted here but evicted within the memory budget before they were pushed
+    /// to Redis.
     evicted_units: AtomicU64,
 }
 
@@ -84,6 +111,12 @@ struct Shared {
 ///
 /// **Redis down.** Each instance keeps limiting with its own state (at most the full
 /// quota per instance); pending units are pushed once Redis answers again.
+///
+/// **Memory.** The local state is bounded in bytes ([`RedisStoreBuilder::max_bytes`],
+/// default 32 MiB). At the budget, keys that are fresh, unused since the last round and
+/// fully pushed go first; then those with the fewest units not yet pushed, whose units
+/// are never shared (they widen the overshoot bound by that much) and are counted in
+/// [`LocalFirstStore::evicted_units`].
 ///
 /// The task starts lazily on the first decision made inside a tokio runtime, or
 /// explicitly with [`LocalFirstStore::start`]; it never panics outside a runtime and
@@ -122,83 +155,29 @@ impl SyncTask {
     }
 }
 
-fn unix_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
-}
-
 impl LocalFirstStore {
     /// A local-first store for `policy` reconciling through `connection` every `interval`
-    /// (clamped to at least 10 ms), under namespace `tollgate` (the keys are the
-    /// [`RedisStore`](super::RedisStore)'s, so both kinds of store share state).
+    /// (clamped to at least 10 ms), with the defaults of [`RedisStore::builder`]
+    /// (namespace `tollgate`; the keys are the [`RedisStore`]'s, so both kinds of store
+    /// share state). [`RedisStoreBuilder::build_local_first`] sets the rest.
+    ///
+    /// [`RedisStore`]: super::RedisStore
+    /// [`RedisStore::builder`]: super::RedisStore::builder
     pub fn new(
         policy: impl Into<Policy>,
         connection: impl Into<RedisConnection>,
         interval: Duration,
     ) -> Result<Self, ConfigError> {
-        Self::with_namespace(policy, connection, interval, "tollgate")
+        super::RedisStore::builder(policy).build_local_first(connection, interval)
     }
-
-    /// [`LocalFirstStore::new`] under another namespace.
-    pub fn with_namespace(
-        policy: impl Into<Policy>,
-        connection: impl Into<RedisConnection>,
-        interval: Duration,
-        namespace: &str,
-    ) -> Result<Self, ConfigError> {
-        let policy = policy.into();
-        keys::check_namespace(namespace)?;
-        let limits = script::limit_args(&policy)?;
-        let epoch = Instant::now();
-        Ok(LocalFirstStore {
-            inner: Arc::new(Shared {
-                conn: connection.into(),
-                prefix: keys::prefix(namespace, &policy),
-                limits,
-                policy,
-                interval: interval.max(Duration::from_millis(10)),
-                shards: (0..SHARDS)
-                    .map(|_| {
-                        Mutex::new(Shard {
-                            map: HashMap::new(),
-                            sweep_at: MIN_SWEEP,
-                        })
-                    })
-                    .collect(),
-                offset: AtomicI64::new(unix_ns()),
-                epoch,
-                started: AtomicBool::new(false),
-                rounds: AtomicU64::new(0),
-                failed_rounds: AtomicU64::new(0),
-                shard_cap: AtomicUsize::new(DEFAULT_MAX_KEYS / SHARDS),
-                evicted_units: AtomicU64::new(0),
-            }),
-        })
-    }
-
-    /// Caps the keys held locally (default 2^20), so a flood of distinct keys cannot grow
-    /// memory without bound. At the cap, the eighth of a shard's keys with the least usage
-    /// not yet pushed to Redis is dropped; units dropped that way are never shared (they
-    /// widen the overshoot bound by that much) and are counted in
-    /// [`LocalFirstStore::evicted_units`].
-    pub fn with_max_keys(self, max_keys: usize) -> Result<Self, ConfigError> {
-        if max_keys == 0 {
-            return Err(ConfigError::Store("max_keys must be at least 1".into()));
-        }
-        self.inner
-            .shard_cap
-            .store((max_keys / SHARDS).max(1), Ordering::Relaxed);
-        Ok(self)
-    }
-
     /// Keys held locally now.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.inner.map.usage().0
+    }
+
+    /// Bytes the local state holds now (within the budget).
+    pub fn bytes(&self) -> usize {
+        self.inner.map.usage().1
     }
 
     /// Whether no key is held locally.
@@ -206,7 +185,8 @@ impl LocalFirstStore {
         self.len() == 0
     }
 
-    /// Units admitted here that were evicted at the key cap before being pushed to Redis.
+    /// Units admitted here that were evicted within the memory budget before being pushed
+    /// to Redis.
     pub fn evicted_units(&self) -> u64 {
         self.inner.evicted_units.load(Ordering::Relaxed)
     }
@@ -249,7 +229,7 @@ impl LocalFirstStore {
         if !self.inner.started.load(Ordering::Relaxed) {
             let _ = self.start();
         }
-        let k = keys::redis_key(&self.inner.prefix, key);
+        let k = self.inner.redis_key(key);
         self.inner.with_entry(k, |policy, e, now| {
             let d = policy.decide(&mut e.state, now, cost);
             if d.is_allowed() {
@@ -260,81 +240,104 @@ impl LocalFirstStore {
     }
 
     fn peek_local<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> Decision {
-        let k = keys::redis_key(&self.inner.prefix, key);
+        let k = self.inner.redis_key(key);
         self.inner
             .with_entry(k, |policy, e, now| policy.peek(&e.state, now, cost))
     }
 }
 
+impl RedisStoreBuilder {
+    /// Builds a [`LocalFirstStore`] on `connection`, reconciling every `interval` (clamped
+    /// to at least 10 ms). The namespace, the key names, the clock and the memory budget
+    /// are this builder's; the deadline, breaker, failure policy and negative cache do not
+    /// apply (Redis is off the request path).
+    pub fn build_local_first(
+        self,
+        connection: impl Into<RedisConnection>,
+        interval: Duration,
+    ) -> Result<LocalFirstStore, ConfigError> {
+        let limits = self.check_common()?;
+        let overrides = self.clock.is_some();
+        let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        Ok(LocalFirstStore {
+            inner: Arc::new(Shared {
+                conn: connection.into(),
+                prefix: keys::prefix(&self.namespace, &self.policy),
+                readable: self.readable_keys,
+                limits,
+                policy: self.policy,
+                interval: interval.max(Duration::from_millis(10)),
+                map: ShardedMap::new(self.max_bytes, default_shards())?,
+                hasher: KeyHasher::default(),
+                clock,
+                overrides,
+                offset: AtomicI64::new(0),
+                started: AtomicBool::new(false),
+                rounds: AtomicU64::new(0),
+                failed_rounds: AtomicU64::new(0),
+                evicted_units: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
 impl Shared {
+    /// The server's time as this instance estimates it: the clock plus the offset seen at
+    /// the last sync.
     fn now(&self) -> u64 {
-        (self.epoch.elapsed().as_nanos() as i64 + self.offset.load(Ordering::Relaxed)).max(0) as u64
+        (self.clock.now() as i64)
+            .saturating_add(self.offset.load(Ordering::Relaxed))
+            .max(0) as u64
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        // FNV-1a: cheap and good enough to spread keys over a few shards.
-        let mut h: u32 = 0x811c_9dc5;
-        for &b in key {
-            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-        }
-        &self.shards[h as usize % SHARDS]
+    fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
+        keys::redis_key(&self.prefix, key, self.readable)
     }
 
     fn with_entry<R>(&self, key: Vec<u8>, f: impl FnOnce(&Policy, &mut Entry, u64) -> R) -> R {
-        let mut shard = self
-            .shard(&key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let hash = map::hash_of(&self.hasher, &key[..]);
+        let mut shard = self.map.write(hash);
         // Read under the lock: never older than the time of whoever wrote the state last
         // (a reading taken before waiting for the lock could refuse a request that fits).
         let now = self.now();
-        let cap = self.shard_cap.load(Ordering::Relaxed);
-        let len = shard.map.len();
-        if !shard.map.contains_key(&key) && (len >= shard.sweep_at || len >= cap) {
-            let policy = &self.policy;
-            shard
-                .map
-                .retain(|_, e| e.pending > 0 || e.touched || !policy.is_fresh(&e.state, now));
-            shard.sweep_at = (shard.map.len() * 2).max(MIN_SWEEP);
-            if shard.map.len() >= cap {
-                // Every key still carries state: drop the eighth with the least unsynced use.
-                let target = (shard.map.len() / 8).max(1);
-                let mut pending: Vec<u64> = shard.map.values().map(|e| e.pending).collect();
-                let (_, &mut threshold, _) = pending.select_nth_unstable(target - 1);
-                let (mut left, mut lost) = (target, 0u64);
-                shard.map.retain(|_, e| {
-                    if left > 0 && e.pending <= threshold {
-                        left -= 1;
-                        lost += e.pending;
-                        false
-                    } else {
-                        true
-                    }
-                });
-                self.evicted_units.fetch_add(lost, Ordering::Relaxed);
-            }
+        if shard.table.find(hash, |e| *e.key == *key).is_none() {
+            let entry = Entry {
+                key: key.clone().into_boxed_slice(),
+                state: [0; MAX_WORDS],
+                pending: 0,
+                touched: false,
+            };
+            let evict = ByPending {
+                policy: &self.policy,
+                now,
+                lost: &self.evicted_units,
+            };
+            let hasher = &self.hasher;
+            self.map.insert(
+                &mut shard,
+                hash,
+                entry,
+                |e| map::hash_of(hasher, &e.key[..]),
+                evict,
+            );
         }
-        let e = shard.map.entry(key).or_insert(Entry {
-            state: [0; MAX_WORDS],
-            pending: 0,
-            touched: false,
-        });
+        let e = shard
+            .table
+            .find_mut(hash, |e| *e.key == *key)
+            .expect("inserted above, under the same lock");
         e.touched = true;
         f(&self.policy, e, now)
     }
 
     async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
         let mut batch: Vec<(Vec<u8>, u64)> = Vec::new();
-        for s in self.shards.iter() {
-            let mut s = s.lock().unwrap_or_else(PoisonError::into_inner);
-            for (k, e) in s.map.iter_mut() {
-                if e.pending > 0 || e.touched {
-                    batch.push((k.clone(), e.pending));
-                    e.pending = 0;
-                    e.touched = false;
-                }
+        self.map.for_each_mut(|e| {
+            if e.pending > 0 || e.touched {
+                batch.push((e.key.to_vec(), e.pending));
+                e.pending = 0;
+                e.touched = false;
             }
-        }
+        });
         let n = batch.len();
         let chunk = n.div_ceil(CONCURRENCY).max(1);
         let mut tasks = tokio::task::JoinSet::new();
@@ -369,7 +372,8 @@ impl Shared {
                 self.put_back(&key, units);
                 continue;
             }
-            let inv = script::invocation(&key, Mode::Sync, units, None, &self.limits);
+            let at = self.overrides.then(|| self.clock.now());
+            let inv = script::invocation(&key, Mode::Sync, units, at, &self.limits);
             let deadline = self.interval.max(Duration::from_millis(50));
             let r = match tokio::time::timeout(deadline, self.conn.invoke(&inv)).await {
                 Ok(r) => r,
@@ -377,9 +381,11 @@ impl Shared {
             };
             match r.and_then(|reply| script::decode_sync(&reply, &self.policy)) {
                 Ok((server_now, words)) => {
-                    let local = self.epoch.elapsed().as_nanos() as i64;
-                    self.offset
-                        .store(server_now as i64 - local, Ordering::Relaxed);
+                    if !self.overrides {
+                        let local = self.clock.now() as i64;
+                        self.offset
+                            .store(server_now as i64 - local, Ordering::Relaxed);
+                    }
                     self.merge(&key, words);
                 }
                 Err(e) => {
@@ -392,11 +398,9 @@ impl Shared {
     }
 
     fn put_back(&self, key: &[u8], units: u64) {
-        let mut s = self
-            .shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(e) = s.map.get_mut(key) {
+        let hash = map::hash_of(&self.hasher, key);
+        let mut s = self.map.write(hash);
+        if let Some(e) = s.table.find_mut(hash, |e| *e.key == *key) {
             e.pending = e.pending.saturating_add(units);
             e.touched = true;
         }
@@ -405,12 +409,10 @@ impl Shared {
     /// Replaces the local state by the shared one, then charges what was admitted here
     /// since the round started.
     fn merge(&self, key: &[u8], words: [u64; MAX_WORDS]) {
-        let mut s = self
-            .shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let hash = map::hash_of(&self.hasher, key);
+        let mut s = self.map.write(hash);
         let now = self.now();
-        let Some(e) = s.map.get_mut(key) else {
+        let Some(e) = s.table.find_mut(hash, |e| *e.key == *key) else {
             return;
         };
         e.state = words;
@@ -432,7 +434,7 @@ fn force_charge(policy: &Policy, state: &mut [u64], now: u64, units: u64) {
                 off += 1;
             }
             Params::Fixed(w) => {
-                let tag = now / w.w + 1;
+                let tag = w.tag(now);
                 if state[off] == tag {
                     state[off + 1] = state[off + 1].saturating_add(units);
                 } else {
@@ -442,7 +444,7 @@ fn force_charge(policy: &Policy, state: &mut [u64], now: u64, units: u64) {
                 off += 2;
             }
             Params::Sliding(w) => {
-                let tag = now / w.w + 1;
+                let tag = w.tag(now);
                 if state[off] == tag {
                     state[off + 2] = state[off + 2].saturating_add(units);
                 } else if state[off] != 0 && state[off] + 1 == tag {
@@ -477,17 +479,21 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
         &self.inner.policy
     }
 
-    fn check(&self, key: &K, cost: u64) -> CheckFuture {
+    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_local(key, cost).with_source(Source::Local)))
     }
 
-    fn peek(&self, key: &K, cost: u64) -> CheckFuture {
+    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
         CheckFuture::ready(Ok(self.peek_local(key, cost)))
+    }
+
+    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
+        Some(self.check_local(key, cost).with_source(Source::Local))
     }
 
     /// Gives the units back locally (and takes them off what is still to be pushed).
     fn refund(&self, key: &K, cost: u64) {
-        let k = keys::redis_key(&self.inner.prefix, key);
+        let k = self.inner.redis_key(key);
         self.inner.with_entry(k, |policy, e, now| {
             policy.refund(&mut e.state, now, cost);
             e.pending = e.pending.saturating_sub(cost);

@@ -18,7 +18,7 @@
 //!     .deadline(Duration::from_millis(20))
 //!     .failure_policy(FailurePolicy::LocalFallback { share: 0.5 }) // 2 instances
 //!     .build(RedisConnection::connect("redis://127.0.0.1:6379").await?)?;
-//! let decision = store.check(&"203.0.113.7", 1).await?;
+//! let decision = store.decide(&"203.0.113.7", 1).await?;
 //! println!("{:?} from {:?}", decision.outcome(), decision.source());
 //! # Ok(()) }
 //! ```
@@ -28,31 +28,32 @@
 //! One client's state for one policy is ONE Redis key, holding every limit's state as
 //! integers packed as little-endian doubles (8 bytes each; Lua's `struct` library, which
 //! Redis bundles), so one call is atomic and slot-safe in a cluster:
-//! `{namespace}:v2:{policy fingerprint, 16 hex digits}:{key material}`. The `v2` is the
-//! stored format's version (`v1`, never released, held decimal text, which cost the
-//! server about 7 000 instructions per call to parse and print); a value of another length,
-//! or holding a number no script writes (negative, 2^53 or more, NaN), is read as no
-//! state. The braces are
-//! the cluster hash tag (never a constant one, so clients spread over the shards). Key
-//! material is the key's [`KeyBytes`](crate::store::KeyBytes); when it is longer than 64 bytes or holds anything
-//! but printable ASCII (or `{`, `}`, `#`) it is replaced by `#` and its SHA-1 in hex
-//! (`sha1_smol`, which redis-rs already uses for script hashes: no new dependency; a
-//! second preimage, the only attack that would let one client share another's state,
-//! remains out of reach for SHA-1). Instances configured alike share state because the
-//! fingerprint covers the limits' parameters, not their names.
+//! `{namespace}:v3:{policy fingerprint, 16 hex digits}:{#sha1}`. The key name shows
+//! neither an API key nor a client address: the material in braces is `#` and the SHA-1
+//! (hex) of the key's [`KeyBytes`](crate::store::KeyBytes). SHA-1 is `sha1_smol`, which
+//! redis-rs already uses for script hashes; a second preimage, the only attack that would
+//! let one client share another's state, remains out of reach for it. The digest is not
+//! keyed, so whoever can read key names can test a guess (an IPv4 address is quickly
+//! enumerated); API keys and tokens, being long random strings, cannot be guessed that
+//! way. [`RedisStoreBuilder::readable_keys`] writes short printable keys as they are, for
+//! debugging. The braces are the cluster hash tag (never a constant one, so clients spread
+//! over the shards). Instances configured alike share state because the fingerprint
+//! covers the limits' parameters, not their names. A value of another length, or holding
+//! a number no script writes (negative, 2^53 or more, NaN), is read as no state.
 //!
 //! # Exactness, and the quotas refused
 //!
 //! Lua numbers are doubles: integers are exact below 2^53. Time is integer microseconds
-//! from `TIME` (about 1.7e15); a GCRA state is stored as `(written_at_us, fill_ns)` (the
+//! from `TIME` (about 1.7e15), or from the store's clock when one is set
+//! ([`RedisStoreBuilder::clock`], for tests and simulations); a GCRA state is stored as `(written_at_us, fill_ns)` (the
 //! TAT is `written_at_us * 1000 + fill`), never as an absolute nanosecond TAT; windows
 //! are computed in microseconds with every product bounded. So
 //! [`RedisStoreBuilder::build`] refuses, with [`ConfigError::Store`](crate::ConfigError):
 //!
 //! - a GCRA-based limit whose `(burst + queue) * emission interval` exceeds 2^51 ns
 //!   (about 26 days);
-//! - a window that is not a whole number of microseconds or is longer than 2^52 ns
-//!   (about 52 days);
+//! - a window (or a window offset) that is not a whole number of microseconds, or a
+//!   window longer than 2^52 ns (about 52 days);
 //! - a window whose `limit * window_in_microseconds` exceeds 2^51 (a day-long window up
 //!   to about 26 000 units, an hour-long one up to about 625 000).
 //!
@@ -65,7 +66,8 @@
 //! Every call has a deadline (default 20 ms, [`RedisStoreBuilder::deadline`]). After 3
 //! consecutive failures or timeouts a circuit breaker opens ([`RedisStore::breaker_state`]);
 //! while open no call goes out, so no request pays the deadline; after the cooldown
-//! (default 500 ms) one probe call goes through and closes it on success. Meanwhile the
+//! (default 500 ms, on the store's clock) one probe call goes through and closes it on
+//! success. Meanwhile the
 //! [`FailurePolicy`] decides: admit ([`Source::FailOpen`](crate::Source::FailOpen)),
 //! refuse ([`Source::FailClosed`](crate::Source::FailClosed)) or decide from a local
 //! in-memory store at a share of each quota

@@ -6,10 +6,13 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Mutex, PoisonError,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::decision::{Decision, Outcome, Source};
+
+/// Times are the store clock's nanoseconds.
+type Nanos = u64;
 
 const MIN_SWEEP: usize = 64;
 
@@ -17,10 +20,10 @@ const MIN_SWEEP: usize = 64;
 struct Entry {
     /// When the refused request becomes admissible (the store's retry-after counted from
     /// the moment the call was sent, so never later than the store's own answer).
-    until: Instant,
+    until: Nanos,
     /// The refused cost: a smaller cost may be admitted earlier and is not answered here.
     cost: u64,
-    sent: Instant,
+    sent: Nanos,
     decision: Decision,
 }
 
@@ -51,14 +54,13 @@ impl NegativeCache {
         }
     }
 
-    /// The remembered refusal of `key` for `cost`, with its times brought up to now.
-    pub(super) fn lookup(&self, key: &[u8], cost: u64) -> Option<Decision> {
+    /// The remembered refusal of `key` for `cost`, with its times brought up to `now`.
+    pub(super) fn lookup(&self, key: &[u8], cost: u64, now: Nanos) -> Option<Decision> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         let e = m.entries.get(key)?;
-        let now = Instant::now();
         if now >= e.until {
             m.entries.remove(key);
             self.len.store(m.entries.len(), Ordering::Release);
@@ -67,10 +69,10 @@ impl NegativeCache {
         if cost < e.cost {
             return None;
         }
-        let elapsed = now.duration_since(e.sent).as_nanos() as u64;
+        let elapsed = now.saturating_sub(e.sent);
         let mut d = e.decision;
         d.outcome = Outcome::Denied {
-            retry_after: e.until - now,
+            retry_after: Duration::from_nanos(e.until - now),
         };
         for r in d.limits.iter_mut().take(d.len as usize) {
             r.reset_after = r.reset_after.saturating_sub(elapsed);
@@ -79,18 +81,24 @@ impl NegativeCache {
         Some(d.with_source(Source::NegativeCache))
     }
 
-    /// Remembers a refusal decided by a call sent at `sent`.
-    pub(super) fn insert(&self, key: Vec<u8>, cost: u64, sent: Instant, decision: Decision) {
+    /// Remembers a refusal decided by a call sent at `sent`; `now` is the time it arrived.
+    pub(super) fn insert(
+        &self,
+        key: Vec<u8>,
+        cost: u64,
+        sent: Nanos,
+        now: Nanos,
+        decision: Decision,
+    ) {
         let Outcome::Denied { retry_after } = decision.outcome else {
             return;
         };
         if retry_after < Duration::from_micros(100) {
             return; // not worth remembering
         }
-        let until = sent + retry_after;
+        let until = sent.saturating_add(retry_after.as_nanos() as u64);
         let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if !m.entries.contains_key(&key) && m.entries.len() >= m.sweep_at {
-            let now = Instant::now();
             m.entries.retain(|_, e| e.until > now);
             let len = m.entries.len();
             m.sweep_at = (len * 2).clamp(MIN_SWEEP.min(self.max), self.max);

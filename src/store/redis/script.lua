@@ -7,16 +7,17 @@
 -- ARGV[4]  extra TTL in milliseconds (0 except with the test override)
 -- ARGV[5]  number of limits, then per limit:
 --            1 t tau cap free      GCRA, nanoseconds
---            2 w limit             fixed window, w in microseconds
---            3 w limit             sliding window, w in microseconds
+--            2 w limit shift       fixed window, w and shift in microseconds
+--            3 w limit shift       sliding window, w and shift in microseconds
+--          (a window starts where now + shift is a multiple of w: at the offset past every
+--          multiple of w since the Unix epoch)
 --
 -- Stored value: integers as little-endian doubles (8 bytes each, Lua's struct 'd'): the
 -- write time (us), then per limit GCRA: fill (ns: TAT minus the write time, >= 0) |
 -- fixed: tag count | sliding: tag prev cur. Every number stays below 2^53 (checked when
 -- the store is built), so doubles are exact. Binary rather than decimal text because
--- parsing a 16-digit time (strtod's slow path) and printing it cost the server about 7 000
--- instructions per call (BENCHMARKS.md); a value of another length or with another number
--- is no state.
+-- parsing a 16-digit time (strtod's slow path) and printing it cost the server more than
+-- the decision itself; a value of another length or with another number is no state.
 --
 -- Reply (modes 0, 1): n, then per limit: code (0 allowed, 1 denied, 2 exceeds), value
 -- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns).
@@ -55,8 +56,9 @@ for j = 1, n do
     i = i + 5
     words = words + 1
   else
-    L[j] = { k = k, w = tonumber(ARGV[i + 1]), limit = tonumber(ARGV[i + 2]), off = words + 1 }
-    i = i + 3
+    L[j] = { k = k, w = tonumber(ARGV[i + 1]), limit = tonumber(ARGV[i + 2]),
+             shift = tonumber(ARGV[i + 3]), off = words + 1 }
+    i = i + 4
     if k == 2 then words = words + 2 else words = words + 3 end
   end
 end
@@ -98,8 +100,9 @@ for j = 1, n do
     end
     l.fill = f
   else
-    l.tag = idiv(now, l.w) + 1
-    l.e = now - (l.tag - 1) * l.w
+    local t = now + l.shift
+    l.tag = idiv(t, l.w) + 1
+    l.e = t - (l.tag - 1) * l.w
   end
 end
 
@@ -119,7 +122,9 @@ local function gcra_eval(l, c)
   if inc > l.cap then return 2, 0, nil, gcra_report(l, fill, 0) end
   local diff = fill + inc
   if diff <= l.cap then
-    local wait = diff - l.free
+    -- A cost of zero spends nothing and waits for nothing, even behind a backlog.
+    local wait = 0
+    if c > 0 then wait = diff - l.free end
     if wait < 0 then wait = 0 end
     return 0, wait, { diff }, gcra_report(l, diff, 1)
   end

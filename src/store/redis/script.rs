@@ -68,6 +68,12 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
                         l.name()
                     )));
                 }
+                if w.shift % 1000 != 0 {
+                    return Err(ConfigError::Store(format!(
+                        "limit {i} ({}): the Redis store needs a window offset of whole microseconds",
+                        l.name()
+                    )));
+                }
                 let w_us = w.w / 1000;
                 if u128::from(w.limit) * u128::from(w_us) > u128::from(MAX_EXACT) {
                     return Err(ConfigError::Store(format!(
@@ -80,7 +86,7 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
                 } else {
                     3
                 };
-                args.extend([kind, w_us, w.limit]);
+                args.extend([kind, w_us, w.limit, w.shift / 1000]);
             }
         }
     }

@@ -31,7 +31,7 @@ end
 local fill = 0
 local raw = redis.call('GET', KEYS[1])
 -- Binary doubles, not decimal text: a 16-digit microsecond time costs strtod's slow path
--- to parse and a printf to write (about 7 000 server instructions per call; BENCHMARKS.md).
+-- to parse and a printf to write, several thousand server instructions per call.
 local at, f
 if raw and #raw == 16 then at, f = struct.unpack('<dd', raw) end
 -- Anything but two integers in [0, 2^53) (another tool's value, NaN, infinity) is no state.
@@ -49,7 +49,8 @@ local cap = tonumber(ARGV[4])
 if inc > cap then return { 2, fill } end
 local diff = fill + inc
 if diff > cap then return { 1, fill } end
-if ARGV[1] == '0' then
+-- A cost of zero (inc 0) writes nothing.
+if ARGV[1] == '0' and inc > 0 then
   if diff == 0 then
     redis.call('DEL', KEYS[1])
   else

@@ -1,10 +1,6 @@
 //! `RedisStore`: the shared store, its builder and its connection.
 
-use std::{
-    fmt,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{fmt, sync::Arc, time::Duration};
 
 use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
 
@@ -16,9 +12,10 @@ use super::{
     script::{self, Mode},
 };
 use crate::{
+    clock::{Clock, TokioClock},
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
-    store::{CheckFuture, KeyBytes, MemoryStore, Store},
+    store::{CheckFuture, KeyBytes, MemoryStore, Store, DEFAULT_MAX_BYTES},
     Policy,
 };
 
@@ -121,17 +118,34 @@ impl From<ClusterConnection> for RedisConnection {
     }
 }
 
-/// Builds a [`RedisStore`]; made by [`RedisStore::builder`]. See the [module docs](super).
-#[derive(Clone, Debug)]
+/// Builds a [`RedisStore`] or a [`LocalFirstStore`](super::LocalFirstStore); made by
+/// [`RedisStore::builder`]. See the [module docs](super).
+#[derive(Clone)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    policy: Policy,
-    namespace: String,
+    pub(super) policy: Policy,
+    pub(super) namespace: String,
     deadline: Duration,
     breaker_failures: u32,
     breaker_cooldown: Duration,
     failure: FailurePolicy,
     negative_cache: usize,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    pub(super) readable_keys: bool,
+    pub(super) max_bytes: usize,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("policy", &self.policy)
+            .field("namespace", &self.namespace)
+            .field("deadline", &self.deadline)
+            .field("failure", &self.failure)
+            .field("own_clock", &self.clock.is_some())
+            .field("readable_keys", &self.readable_keys)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisStoreBuilder {
@@ -172,21 +186,56 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
-    /// (see the [module docs](super)), a bad namespace, a zero deadline and a fallback
-    /// share outside `(0, 1]`.
-    pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
+    /// Decides on `clock` instead of the Redis server's `TIME`, and runs the circuit
+    /// breaker's cooldown and the negative cache on it too (by default they follow tokio's
+    /// clock). For tests and simulations under a [`ManualClock`](crate::clock::ManualClock):
+    /// every instance must then share the clock, and state gets 60 s of extra TTL since
+    /// Redis expires keys in real time. In production keep the server's clock, so that
+    /// instances with drifting clocks agree.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Writes short printable keys into Redis key names as they are (for debugging),
+    /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
+    /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
+    pub fn readable_keys(mut self, readable: bool) -> Self {
+        self.readable_keys = readable;
+        self
+    }
+
+    /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
+    /// fallback limiter of a [`RedisStore`], the local state of a
+    /// [`LocalFirstStore`](super::LocalFirstStore).
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    pub(super) fn check_common(&self) -> Result<Vec<u64>, ConfigError> {
         keys::check_namespace(&self.namespace)?;
+        script::limit_args(&self.policy)
+    }
+
+    /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
+    /// (see the [module docs](super)), a bad namespace, a zero deadline, a fallback share
+    /// outside `(0, 1]` and a memory budget too small for one key.
+    pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
+        let limits = self.check_common()?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Store(
                 "the Redis deadline must be longer than zero".into(),
             ));
         }
-        let limits = script::limit_args(&self.policy)?;
+        let overrides = self.clock.is_some();
+        let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         let fallback = match self.failure {
-            FailurePolicy::LocalFallback { share } => {
-                Some(MemoryStore::new(scaled_policy(&self.policy, share)?))
-            }
+            FailurePolicy::LocalFallback { share } => Some(
+                MemoryStore::new(scaled_policy(&self.policy, share)?)
+                    .with_clock(clock.clone())
+                    .with_max_bytes(self.max_bytes)?,
+            ),
             _ => None,
         };
         Ok(RedisStore {
@@ -196,11 +245,14 @@ impl RedisStoreBuilder {
                 limits,
                 policy: self.policy,
                 deadline: self.deadline,
-                breaker: Breaker::new(self.breaker_failures, self.breaker_cooldown),
+                breaker: Breaker::new(self.breaker_failures, self.breaker_cooldown, clock.clone()),
                 failure: self.failure,
                 fallback,
                 negative: (self.negative_cache > 0)
                     .then(|| NegativeCache::new(self.negative_cache)),
+                overrides,
+                clock,
+                readable: self.readable_keys,
             }),
         })
     }
@@ -221,8 +273,12 @@ pub(super) struct Shared {
     deadline: Duration,
     breaker: Breaker,
     failure: FailurePolicy,
-    fallback: Option<MemoryStore<Vec<u8>>>,
+    fallback: Option<MemoryStore<Vec<u8>, Arc<dyn Clock>>>,
     negative: Option<NegativeCache>,
+    /// Whether decisions take their time from `clock` instead of the server's `TIME`.
+    overrides: bool,
+    clock: Arc<dyn Clock>,
+    readable: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -269,7 +325,8 @@ impl Shared {
             permit,
             done: false,
         };
-        let inv = script::invocation(key, mode, cost, None, &self.limits);
+        let now = self.overrides.then(|| self.clock.now());
+        let inv = script::invocation(key, mode, cost, now, &self.limits);
         let result = match tokio::time::timeout(self.deadline, self.conn.invoke(&inv)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
@@ -286,7 +343,7 @@ impl Shared {
         // A refusal is remembered from when the call was sent (the conservative end);
         // only checks with the negative cache on can need that time.
         let cache = self.negative.as_ref().filter(|_| mode == Mode::Check);
-        let sent = cache.map(|_| Instant::now());
+        let sent = cache.map(|_| self.clock.now());
         let result = match self.guarded_call(&key, mode, cost).await {
             Ok(reply) => script::decode_decision(&reply, &self.policy, cost),
             Err(e) => Err(e),
@@ -294,7 +351,7 @@ impl Shared {
         match result {
             Ok(d) => {
                 if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
-                    n.insert(key, cost, sent, d);
+                    n.insert(key, cost, sent, self.clock.now(), d);
                 }
                 Ok(d)
             }
@@ -352,6 +409,9 @@ impl RedisStore {
             breaker_cooldown: Duration::from_millis(500),
             failure: FailurePolicy::default(),
             negative_cache: 10_000,
+            clock: None,
+            readable_keys: false,
+            max_bytes: DEFAULT_MAX_BYTES,
         }
     }
 
@@ -373,62 +433,30 @@ impl RedisStore {
         self.inner.breaker.state()
     }
 
-    /// The Redis key holding `key`'s state: `{namespace}:v2:{policy fingerprint}:{material}`
-    /// where the material is the key's [`KeyBytes`], or `#` and their SHA-1 in hex when
-    /// they are longer than 64 bytes or hold anything but printable ASCII (or `{`, `}`,
-    /// `#`).
+    /// The Redis key holding `key`'s state: `{namespace}:v3:{policy fingerprint}:{{#sha1}}`
+    /// where `sha1` is the SHA-1 of the key's [`KeyBytes`] in hex. With
+    /// [`RedisStoreBuilder::readable_keys`], the material is the key's bytes themselves when
+    /// they are at most 64 printable ASCII bytes (without `{`, `}`, `#`, space).
     pub fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
-        keys::redis_key(&self.inner.prefix, key)
+        keys::redis_key(&self.inner.prefix, key, self.inner.readable)
     }
 
-    /// **Test-only**: decides and charges at an explicit time, `now_ns` nanoseconds since
-    /// the Unix epoch (truncated to whole microseconds), instead of the server's clock.
-    /// No deadline, breaker, negative cache or failure policy: errors are returned. Do not
-    /// mix with calls on the server's clock for the same key. State written this way gets
-    /// 60 s of extra TTL, as the fake time does not pass with the real one.
-    pub async fn check_at<K: KeyBytes + ?Sized>(
+    /// Gives back `cost` units charged to `key` and waits for Redis to confirm.
+    /// ([`Store::refund`] sends the same call in the background and does not wait.) Errors
+    /// are returned as they are: no failure policy applies.
+    pub async fn refund_confirmed<K: KeyBytes + ?Sized>(
         &self,
         key: &K,
         cost: u64,
-        now_ns: u64,
-    ) -> Result<Decision, StoreError> {
-        self.raw(key, Mode::Check, cost, now_ns).await
-    }
-
-    /// **Test-only**: [`RedisStore::check_at`] without charging.
-    pub async fn peek_at<K: KeyBytes + ?Sized>(
-        &self,
-        key: &K,
-        cost: u64,
-        now_ns: u64,
-    ) -> Result<Decision, StoreError> {
-        self.raw(key, Mode::Peek, cost, now_ns).await
-    }
-
-    /// **Test-only**: gives back `cost` units at an explicit time (see
-    /// [`RedisStore::check_at`]) and waits for Redis to confirm.
-    pub async fn refund_at<K: KeyBytes + ?Sized>(
-        &self,
-        key: &K,
-        cost: u64,
-        now_ns: u64,
     ) -> Result<(), StoreError> {
         let k = self.redis_key(key);
-        let inv = script::invocation(&k, Mode::Refund, cost, Some(now_ns), &self.inner.limits);
-        self.inner.conn.invoke(&inv).await.map(|_| ())
-    }
-
-    async fn raw<K: KeyBytes + ?Sized>(
-        &self,
-        key: &K,
-        mode: Mode,
-        cost: u64,
-        now_ns: u64,
-    ) -> Result<Decision, StoreError> {
-        let k = self.redis_key(key);
-        let inv = script::invocation(&k, mode, cost, Some(now_ns), &self.inner.limits);
-        let reply = self.inner.conn.invoke(&inv).await?;
-        script::decode_decision(&reply, &self.inner.policy, cost)
+        if let Some(n) = &self.inner.negative {
+            n.remove(&k);
+        }
+        self.inner
+            .guarded_call(&k, Mode::Refund, cost)
+            .await
+            .map(|_| ())
     }
 
     fn call(&self, key: Vec<u8>, mode: Mode, cost: u64) -> CheckFuture {
@@ -437,7 +465,7 @@ impl RedisStore {
                 .inner
                 .negative
                 .as_ref()
-                .and_then(|n| n.lookup(&key, cost))
+                .and_then(|n| n.lookup(&key, cost, self.inner.clock.now()))
             {
                 return CheckFuture::ready(Ok(d));
             }
@@ -452,11 +480,11 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
         &self.inner.policy
     }
 
-    fn check(&self, key: &K, cost: u64) -> CheckFuture {
+    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
         self.call(self.redis_key(key), Mode::Check, cost)
     }
 
-    fn peek(&self, key: &K, cost: u64) -> CheckFuture {
+    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
         self.call(self.redis_key(key), Mode::Peek, cost)
     }
 
