@@ -334,3 +334,76 @@ fn daily_refusal_does_not_consume_per_second() {
     }
     assert_eq!(s[0], before, "per-second state never charged");
 }
+
+/// Regression: a request of cost 0 on a leaky queue with a backlog was admitted with the
+/// backlog's wait, while a token bucket gave it none. A cost of 0 now spends nothing and
+/// waits for nothing on every algorithm, and reports the state as it is.
+#[test]
+fn zero_cost_is_admitted_at_once_and_changes_nothing() {
+    let q = Quota::per_second(10).unwrap();
+    for limit in [
+        Limit::token_bucket(q).unwrap(),
+        Limit::leaky_meter(q).unwrap(),
+        Limit::leaky_queue(q, 5).unwrap(),
+        Limit::leaky_queue_nodelay(q, 5, 2).unwrap(),
+        Limit::fixed_window(q).unwrap(),
+        Limit::sliding_window(q).unwrap(),
+    ] {
+        let policy = Policy::new(limit.clone());
+        let mut state = vec![0u64; policy.state_words()];
+        let now = 1_000_000_000_000;
+        // Fill it (the queue gets a backlog), until it refuses.
+        while policy.decide(&mut state, now, 1).is_allowed() {}
+        let before = state.clone();
+        let probe = policy.decide(&mut state, now, 0);
+        assert_eq!(
+            probe.outcome(),
+            Outcome::Allowed {
+                wait: Duration::ZERO
+            },
+            "{limit:?}"
+        );
+        assert_eq!(state, before, "{limit:?}: a zero cost charged something");
+        assert_eq!(probe.remaining(), 0, "{limit:?}");
+        assert_eq!(policy.peek(&state, now, 0), probe);
+    }
+}
+
+/// Fixed and sliding windows start at the offset past every multiple of the window since
+/// the Unix epoch: UTC days by default, 05:00 UTC with a five-hour offset.
+#[test]
+fn window_offsets_move_the_window_start() {
+    let day = 86_400_000_000_000u64;
+    let five_h = 5 * 3_600_000_000_000u64;
+    let at = 20_000 * day + 4 * 3_600_000_000_000; // 04:00 UTC
+    for alg in [Limit::fixed_window, Limit::sliding_window] {
+        let utc = Policy::new(alg(Quota::per_day(1).unwrap()).unwrap());
+        let offset = Policy::new(
+            alg(Quota::per_day(1).unwrap())
+                .unwrap()
+                .with_window_offset(Duration::from_nanos(five_h))
+                .unwrap(),
+        );
+        let mut s = vec![0u64; utc.state_words()];
+        assert!(utc.decide(&mut s, at, 1).is_allowed());
+        let mut o = vec![0u64; offset.state_words()];
+        assert!(offset.decide(&mut o, at, 1).is_allowed());
+        if utc.state_words() == 2 {
+            // Fixed: refused until the window's end, 20 h away at midnight or 1 h away at 05:00.
+            assert_eq!(
+                utc.decide(&mut s, at, 1).retry_after(),
+                Some(Duration::from_nanos(day - 4 * 3_600_000_000_000))
+            );
+            assert_eq!(
+                offset.decide(&mut o, at, 1).retry_after(),
+                Some(Duration::from_nanos(3_600_000_000_000))
+            );
+        }
+    }
+    assert!(matches!(
+        Limit::token_bucket(Quota::per_day(1).unwrap())
+            .unwrap()
+            .with_window_offset(Duration::from_secs(1)),
+        Err(tollgate::ConfigError::OffsetNotApplicable(_))
+    ));
+}

@@ -368,3 +368,165 @@ async fn missing_key_policies() {
         assert_eq!(fetch(&c, &s("/allow"), &[]).await.status, 200);
     }
 }
+
+/// Regression: in memory, a day window began when the process started (a refusal 600 s
+/// in said `Retry-After: 85800`), while on Redis windows follow the server's clock. Every
+/// store now counts windows from the Unix epoch: day windows are UTC calendar days.
+#[tokio::test]
+async fn day_windows_end_at_utc_midnight() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let layer = RateLimitLayer::builder()
+        .key(tollgate::key::Global::new())
+        .limit(Limit::fixed_window(Quota::per_day(1).unwrap()).unwrap())
+        .build()
+        .unwrap();
+    let (c, url) = hello(layer).await;
+    assert_eq!(fetch(&c, &url, &[]).await.status, 200);
+    let unix = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let before = unix();
+    let refused = fetch(&c, &url, &[]).await;
+    let after = unix();
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    // Seconds to the next 00:00 UTC, rounded up, as seen just before and after.
+    let to_midnight = |t: u64| 86_400 - t % 86_400;
+    assert!(
+        (to_midnight(after)..=to_midnight(before) + 1).contains(&retry),
+        "Retry-After {retry}, midnight UTC in {}",
+        to_midnight(before)
+    );
+}
+
+/// Regression: two tollgate layers on one route overwrote each other's fields: a refusal
+/// by the inner (daily) layer reached the client with only the outer layer's `RateLimit`
+/// item, and the daily policy in no header. Each layer now adds its items.
+#[tokio::test]
+async fn stacked_layers_each_add_their_fields() {
+    let plan = per_ip()
+        .limit(
+            Limit::token_bucket(Quota::per_minute(10).unwrap())
+                .unwrap()
+                .named("plan")
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let daily = per_ip()
+        .limit(
+            Limit::fixed_window(Quota::per_day(1).unwrap())
+                .unwrap()
+                .named("daily")
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }).layer(daily))
+        .layer(plan);
+    let addr = serve(app).await;
+    let (c, url) = (client(), format!("http://{addr}/"));
+    let all = |g: &support::Got, name: &str| {
+        g.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let admitted = fetch(&c, &url, &[]).await;
+    assert_eq!(admitted.status, 200);
+    assert_eq!(
+        all(&admitted, "ratelimit-policy"),
+        ["\"daily\";q=1;w=86400", "\"plan\";q=10;w=60"]
+    );
+    let refused = fetch(&c, &url, &[]).await;
+    assert_eq!(refused.status, 429);
+    let limits = all(&refused, "ratelimit");
+    assert_eq!(limits.len(), 2, "{limits:?}");
+    assert!(limits[0].starts_with("\"daily\";r=0;t="), "{limits:?}");
+    assert_eq!(limits[1], "\"plan\";r=8;t=6");
+    assert_eq!(
+        all(&refused, "ratelimit-policy"),
+        ["\"daily\";q=1;w=86400", "\"plan\";q=10;w=60"]
+    );
+    // Retry-After is the daily refusal's, the only refusal.
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry > 0 && retry <= 86_400);
+}
+
+/// Regression: a server started without `into_make_service_with_connect_info` put every
+/// client into one bucket without a word. The layer now warns, once.
+#[tokio::test]
+async fn a_missing_connection_address_is_warned_once_per_layer() {
+    use tower::ServiceExt;
+    let (events, _guard) = support::Events::capture();
+    let layer = per_ip()
+        .token_bucket(Quota::per_second(100).unwrap())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..3 {
+        let req = http::Request::new(axum::body::Body::empty());
+        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 200);
+    }
+    let warnings = events.at("WARN");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("into_make_service_with_connect_info"),
+        "{warnings:?}"
+    );
+    // A request that simply lacks its key (no header) is not a setup problem.
+    let (events, _guard) = support::Events::capture();
+    let by_header = RateLimitLayer::builder()
+        .key(tollgate::key::HeaderKey::new("x-api-key").unwrap())
+        .token_bucket(Quota::per_second(100).unwrap())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(by_header);
+    let req = http::Request::new(axum::body::Body::empty());
+    app.oneshot(req).await.unwrap();
+    assert_eq!(events.at("WARN"), Vec::<String>::new());
+}
+
+/// Regression: `BearerClaim` keyed by a claim of a token it did not verify, so a client
+/// could mint a new identity per request and get a fresh bucket each time. Forged tokens
+/// now give no key: they share the keyless bucket.
+#[cfg(feature = "jwt")]
+#[tokio::test]
+async fn forged_tokens_do_not_get_buckets_of_their_own() {
+    use tollgate::key::{jwt, BearerClaim};
+    let secret = b"the issuer's secret";
+    let layer = RateLimitLayer::builder()
+        .key(BearerClaim::hs256("sub", secret))
+        .token_bucket(Quota::per_minute(5).unwrap())
+        .build()
+        .unwrap();
+    let (c, url) = hello(layer).await;
+    let exp = jwt::get_current_timestamp() + 600;
+    let sign = |sub: String, key: &[u8]| {
+        let claims = serde_json::json!({ "sub": sub, "exp": exp });
+        let key = jwt::EncodingKey::from_secret(key);
+        jwt::encode(&jwt::Header::default(), &claims, &key).unwrap()
+    };
+    let mut admitted = 0;
+    for i in 0..20 {
+        let forged = sign(format!("mallory-{i}"), b"a guess");
+        let auth = format!("Bearer {forged}");
+        admitted += (fetch(&c, &url, &[("authorization", &auth)]).await.status == 200) as u32;
+    }
+    assert_eq!(admitted, 5, "20 forged identities shared one bucket of 5");
+    // A genuine token has its own bucket.
+    let auth = format!("Bearer {}", sign("alice".into(), secret));
+    assert_eq!(
+        fetch(&c, &url, &[("authorization", &auth)]).await.status,
+        200
+    );
+}

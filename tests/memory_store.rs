@@ -293,3 +293,34 @@ fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
     assert!(d.is_allowed(), "refused with a stale clock reading: {d:?}");
     assert_eq!(d.remaining(), 8);
 }
+
+/// Regression: `MemoryStore::new` used the TSC clock while the layer's default store used
+/// tokio's, so a store built by hand ignored paused time. Every store now defaults to
+/// tokio's clock.
+#[tokio::test(start_paused = true)]
+async fn a_store_built_by_hand_follows_paused_tokio_time() {
+    let store: MemoryStore<u32> =
+        MemoryStore::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap());
+    assert!(store.check(&1, 1).is_allowed());
+    let refused = store.check(&1, 1);
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(1)));
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert!(!store.check(&1, 1).is_allowed());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert!(store.check(&1, 1).is_allowed());
+}
+
+/// Regression: with `Store` in scope, `Arc<MemoryStore<_>>::peek` resolved to the trait
+/// method and returned a future (`error[E0599]: no method named 'retry_after' found for
+/// struct 'CheckFuture'`). The trait's methods have names of their own; this compiles.
+#[test]
+fn importing_store_does_not_change_what_peek_means() {
+    #[allow(unused_imports)]
+    use tollgate::Store;
+    let store = Arc::new(MemoryStore::<u32>::new(
+        Limit::token_bucket(Quota::per_minute(1).unwrap()).unwrap(),
+    ));
+    assert!(store.check(&1, 1).is_allowed());
+    let wait = store.peek(&1, 1).retry_after().unwrap();
+    assert!(wait <= Duration::from_secs(60) && wait > Duration::from_secs(59));
+}

@@ -175,3 +175,44 @@ fn a_flood_of_distinct_keys_stays_within_the_memory_budget() {
     // Nothing was synced, so every evicted key dropped its one unit, and that is counted.
     assert_eq!(store.evicted_units() as usize, 200_000 - store.len());
 }
+
+/// Regression: the local-first store read `Instant` itself. It now runs on the store's
+/// clock: here a manual one, which the syncs also send to the script as the time.
+#[test]
+fn local_first_runs_on_the_store_clock() {
+    use tollgate::clock::ManualClock;
+    let Some((_server, rt, conn)) = connected() else {
+        return;
+    };
+    let clock = ManualClock::at(Duration::from_secs(1_750_000_000));
+    let limit = Limit::token_bucket(Quota::per_second(2).unwrap()).unwrap();
+    let build = |conn| {
+        RedisStore::builder(limit.clone())
+            .namespace("lf-clock")
+            .clock(clock.clone())
+            .build_local_first(conn, INTERVAL)
+            .unwrap()
+    };
+    let a = build(conn.clone());
+    assert!(a.check_local("k", 1).is_allowed());
+    assert!(a.check_local("k", 1).is_allowed());
+    let refused = a.check_local("k", 1);
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(500)));
+    // Pushed at the instant they were admitted: the shared state is exactly a's.
+    rt.block_on(a.sync()).unwrap();
+    clock.advance(Duration::from_millis(499));
+    assert_eq!(
+        a.check_local("k", 1).retry_after(),
+        Some(Duration::from_millis(1))
+    );
+    // Another instance sees the shared state exactly, on the same clock.
+    let b = build(conn);
+    let _ = b.check_local("k", 0);
+    rt.block_on(b.sync()).unwrap();
+    assert_eq!(
+        b.check_local("k", 1).retry_after(),
+        Some(Duration::from_millis(1))
+    );
+    clock.advance(Duration::from_millis(1));
+    assert!(b.check_local("k", 1).is_allowed());
+}

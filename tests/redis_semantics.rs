@@ -303,3 +303,68 @@ fn exceeds_and_source() {
         assert_eq!(d.remaining(), 0);
     });
 }
+
+/// Regression (with `day_windows_end_at_utc_midnight`): memory day windows began at
+/// process start while Redis followed the server's clock. Both now end at 00:00 UTC: a
+/// refusal on each says the same retry-after.
+#[test]
+fn a_day_window_ends_at_the_same_instant_in_memory_and_on_redis() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let limit = Limit::fixed_window(Quota::per_day(1).unwrap()).unwrap();
+        let redis = RedisStore::builder(limit.clone())
+            .namespace("day-test")
+            .negative_cache(0)
+            .build(conn)
+            .unwrap();
+        let memory = tollgate::MemoryStore::new(limit);
+        let key = format!("day-{}", std::process::id());
+        redis.decide(&key, 1).await.unwrap();
+        memory.check(&key, 1);
+        let on_redis = redis.decide(&key, 1).await.unwrap().retry_after().unwrap();
+        let in_memory = memory.check(&key, 1).retry_after().unwrap();
+        let apart = on_redis.abs_diff(in_memory);
+        assert!(
+            apart < Duration::from_secs(1),
+            "Redis {on_redis:?} vs memory {in_memory:?}"
+        );
+        assert!(on_redis <= Duration::from_secs(86_400));
+    });
+}
+
+/// Regression: key material of up to 64 printable bytes went into Redis key names as it
+/// was, so API keys were readable with `SCAN` and `MONITOR`. Names hold a hash by default.
+#[test]
+fn api_keys_are_not_readable_in_key_names() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let (mut con, conn) = connections(&target).await;
+        let limit = Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap();
+        let store = RedisStore::builder(limit.clone())
+            .namespace("secret-test")
+            .build(conn.clone())
+            .unwrap();
+        let secret = format!("sk_live_{}", std::process::id());
+        assert!(store.decide(&secret, 1).await.unwrap().is_allowed());
+        let names: Vec<Vec<u8>> = cmd(&mut con, &[b"KEYS", b"secret-test:*"]).await;
+        assert!(!names.is_empty());
+        for n in &names {
+            assert!(
+                !String::from_utf8_lossy(n).contains(&secret),
+                "{}",
+                String::from_utf8_lossy(n)
+            );
+        }
+        // The readable mode, for debugging, writes it as it is.
+        let readable = RedisStore::builder(limit)
+            .namespace("secret-test")
+            .readable_keys(true)
+            .build(conn)
+            .unwrap();
+        let name = readable.redis_key(secret.as_str());
+        assert!(String::from_utf8_lossy(&name).contains(&secret));
+    });
+}

@@ -309,3 +309,94 @@ async fn readiness_is_forwarded_not_reserved() {
     send.send_response(Response::new(Body::empty()));
     assert_eq!(fut.await.unwrap().status(), StatusCode::OK);
 }
+
+/// Regression: a queued request dropped in the very tick of its slot (its timeout due at
+/// the same instant) had already been handed to the inner service and stayed charged, so
+/// the daily window and the queue kept a unit for a request that never got an answer.
+/// Now a queued request yields once when its slot comes: a timeout due at that instant
+/// drops it first, and every unit of every request dropped before the inner service had
+/// it goes back to every limit.
+#[tokio::test(start_paused = true)]
+async fn dropped_waiters_give_every_unit_back_to_every_limit() {
+    use tollgate::Limit;
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .leaky_queue(Quota::per_second(10).unwrap(), 20)
+        .limit(Limit::fixed_window(Quota::per_day(1000).unwrap()).unwrap())
+        .build_for::<u32>()
+        .unwrap();
+    let store = layer.store().clone();
+    let svc = ServiceBuilder::new()
+        .timeout(Duration::from_millis(1500))
+        .layer(layer.generic())
+        .service_fn(|n: u32| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, BoxError>(n)
+        });
+    let mut tasks = Vec::new();
+    for n in 0..30u32 {
+        let mut s = svc.clone();
+        let fut = s.ready().await.unwrap().call(n);
+        tasks.push(tokio::spawn(fut));
+    }
+    let (mut served, mut timed_out, mut refused) = (0, 0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => served += 1,
+            Err(e) if e.is::<tower::timeout::error::Elapsed>() => timed_out += 1,
+            Err(e) => {
+                assert!(e.is::<RateLimited>());
+                refused += 1
+            }
+        }
+    }
+    // Slots at 0, 100, ..., 2000 ms; the 1500 ms timeout takes the slots from 1500 on.
+    assert_eq!((served, timed_out, refused), (15, 6, 9));
+    let now = store.peek(&Some(()), 0);
+    assert_eq!(now.limits()[1].remaining(), 985, "the day charged 15");
+    assert_eq!(
+        now.limits()[0].reset_after(),
+        Duration::ZERO,
+        "the queue is empty"
+    );
+}
+
+/// Regression: a state that could not happen (the request or the service already taken,
+/// as after a panic in the inner service) made the future return `Pending` forever with
+/// nothing to wake it. States now own their values; such a future fails loudly.
+#[tokio::test(start_paused = true)]
+async fn a_future_polled_again_after_the_inner_service_panicked_fails_loudly() {
+    use std::{
+        future::Future,
+        panic::{catch_unwind, AssertUnwindSafe},
+        task::Context,
+    };
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .leaky_queue(Quota::per_second(10).unwrap(), 5)
+        .build_for::<u32>()
+        .unwrap()
+        .generic();
+    let mut svc = ServiceBuilder::new().layer(layer).service_fn(
+        |n: u32| -> std::future::Ready<Result<u32, BoxError>> {
+            assert!(n != 1, "the handler panics on request 1");
+            std::future::ready(Ok(n))
+        },
+    );
+    svc.ready().await.unwrap().call(0).await.unwrap();
+    let mut queued = Box::pin(svc.ready().await.unwrap().call(1));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    // The slot has come: the first poll yields once, the second calls the handler.
+    assert!(queued.as_mut().poll(&mut cx).is_pending());
+    let panicked = catch_unwind(AssertUnwindSafe(|| queued.as_mut().poll(&mut cx)));
+    assert!(panicked.is_err(), "the handler's panic goes through");
+    let again = catch_unwind(AssertUnwindSafe(|| queued.as_mut().poll(&mut cx)));
+    let message = again.expect_err("polled again, it fails loudly instead of hanging");
+    assert!(
+        message
+            .downcast_ref::<String>()
+            .is_some_and(|m| m.contains("polled after it completed")),
+        "{message:?}"
+    );
+}

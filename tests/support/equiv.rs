@@ -15,19 +15,24 @@ use tollgate::{
 };
 
 pub fn limit_strategy() -> impl Strategy<Value = Limit> {
-    (0u8..5, 1u64..40, 1u64..3_000, 1u64..20, 0u32..8, 0u32..8).prop_map(
-        |(alg, limit, period_ms, burst, queue, nodelay)| {
-            let q = Quota::new(limit, Duration::from_millis(period_ms)).unwrap();
-            match alg {
-                0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
-                1 => Limit::leaky_meter(q),
-                2 => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
-                3 => Limit::fixed_window(q),
-                _ => Limit::sliding_window(q),
-            }
-            .unwrap()
-        },
+    (
+        (0u8..5, 1u64..40, 1u64..3_000),
+        (1u64..20, 0u32..8, 0u32..8, 0u64..5_000_000),
     )
+        .prop_map(
+            |((alg, limit, period_ms), (burst, queue, nodelay, offset_us))| {
+                let q = Quota::new(limit, Duration::from_millis(period_ms)).unwrap();
+                let offset = Duration::from_micros(offset_us);
+                match alg {
+                    0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
+                    1 => Limit::leaky_meter(q),
+                    2 => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
+                    3 => Limit::fixed_window(q).and_then(|l| l.with_window_offset(offset)),
+                    _ => Limit::sliding_window(q).and_then(|l| l.with_window_offset(offset)),
+                }
+                .unwrap()
+            },
+        )
 }
 
 pub fn policy_strategy() -> impl Strategy<Value = Policy> {

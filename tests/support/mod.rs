@@ -54,3 +54,60 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
         body,
     }
 }
+
+/// `tracing` events of this thread, as `LEVEL target: message field=value ...` lines.
+#[derive(Clone, Default)]
+pub struct Events(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Events {
+    /// Records this thread's events until the guard is dropped.
+    pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let events = Events::default();
+        let guard = tracing::subscriber::set_default(events.clone());
+        (events, guard)
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The lines at `level` ("WARN", "INFO", ...).
+    pub fn at(&self, level: &str) -> Vec<String> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l.starts_with(level))
+            .collect()
+    }
+}
+
+struct Line(String);
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            let _ = write!(self.0, " {value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        let mut line = Line(format!("{} {}:", meta.level(), meta.target()));
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
