@@ -325,7 +325,8 @@ async fn dropped_waiters_give_every_unit_back_to_every_limit() {
         .limit(Limit::fixed_window(Quota::per_day(1000).unwrap()).unwrap())
         .build_for::<u32>()
         .unwrap();
-    let store = layer.store().clone();
+    let inspect = layer.clone();
+    let store = inspect.store();
     let svc = ServiceBuilder::new()
         .timeout(Duration::from_millis(1500))
         .layer(layer.generic())
