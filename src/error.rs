@@ -1,7 +1,7 @@
 //! Errors: configuration refused at build time, store failures, and the typed refusal of
 //! the generic (non-HTTP) middleware.
 
-use std::{error::Error, fmt, time::Duration};
+use std::{error::Error, fmt, sync::Arc, time::Duration};
 
 /// A configuration value that tollgate refuses. Returned when a quota, a policy or a layer
 /// is built, so an invalid limit never reaches a request.
@@ -89,15 +89,35 @@ impl Error for ConfigError {}
 
 /// A shared store could not decide (Redis slow, gone, or refusing). What the middleware
 /// does then is its failure policy.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The call did not finish within its deadline.
     Timeout(Duration),
     /// The circuit breaker is open: the store is not being called.
     CircuitOpen,
-    /// The store answered with an error or could not be reached.
-    Backend(String),
+    /// The store answered with an error or could not be reached: the cause, which
+    /// [`Error::source`] also returns. Build it with [`StoreError::backend`].
+    Backend(Arc<dyn Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// A backend failure caused by `cause` (an error of the store's client, or a message).
+    pub fn backend(cause: impl Into<Box<dyn Error + Send + Sync>>) -> Self {
+        StoreError::Backend(Arc::from(cause.into()))
+    }
+}
+
+impl PartialEq for StoreError {
+    /// Backend errors are equal when their causes read the same.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Timeout(a), Self::Timeout(b)) => a == b,
+            (Self::CircuitOpen, Self::CircuitOpen) => true,
+            (Self::Backend(a), Self::Backend(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -105,12 +125,19 @@ impl fmt::Display for StoreError {
         match self {
             Self::Timeout(d) => write!(f, "rate-limit store did not answer within {d:?}"),
             Self::CircuitOpen => f.write_str("rate-limit store circuit breaker is open"),
-            Self::Backend(msg) => write!(f, "rate-limit store error: {msg}"),
+            Self::Backend(cause) => write!(f, "rate-limit store error: {cause}"),
         }
     }
 }
 
-impl Error for StoreError {}
+impl Error for StoreError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            Self::Backend(cause) => Some(&**cause),
+            _ => None,
+        }
+    }
+}
 
 /// The refusal of the generic middleware: boxed into [`crate::BoxError`]; downcast it to
 /// read when to retry. See [`crate::generic`].
@@ -159,3 +186,22 @@ impl fmt::Display for KeyMissing {
 }
 
 impl Error for KeyMissing {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_backend_error_keeps_its_cause_as_source() {
+        let cause = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = StoreError::backend(cause);
+        let source = e.source().expect("the cause");
+        assert_eq!(
+            source.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        assert_eq!(e.to_string(), "rate-limit store error: refused");
+        assert_eq!(e, StoreError::backend("refused"));
+        assert!(StoreError::CircuitOpen.source().is_none());
+    }
+}

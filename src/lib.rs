@@ -100,7 +100,7 @@
 //! - `axum` (default): `ConnectInfo` peer addresses and `MatchedPath` route keys.
 //! - `jwt`: `key::BearerClaim`, a key from a bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod algorithm;

@@ -1,4 +1,5 @@
 //! Client IP behind proxies, through the whole layer: who shares a limit with whom.
+#![cfg(feature = "axum")]
 
 use std::net::SocketAddr;
 

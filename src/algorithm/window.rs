@@ -50,6 +50,7 @@ impl Window {
     }
 
     /// The tag of the window `now` falls in (its index plus one).
+    #[cfg(feature = "redis")]
     pub(crate) fn tag(&self, now: u64) -> u64 {
         self.position(now).0
     }

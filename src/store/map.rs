@@ -345,6 +345,7 @@ impl<E: Entry> ShardedMap<E> {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// Visits every entry, shard by shard, under the shard's write lock.
     pub(crate) fn for_each_mut(&self, mut f: impl FnMut(&mut E)) {
         for s in self.shards.iter() {
@@ -354,6 +355,7 @@ impl<E: Entry> ShardedMap<E> {
     }
 }
 
+#[cfg(any(feature = "redis", test))]
 /// The heap bytes of an allocation of `len` bytes, as glibc's malloc and most general
 /// purpose allocators lay it out: a header word, rounded up to 16 bytes, at least 32.
 pub(crate) fn allocation_bytes(len: usize) -> usize {

@@ -154,7 +154,7 @@ fn fast_gcra(limits: &[u64]) -> Option<(u64, u64)> {
 }
 
 fn bad_reply(what: &str) -> StoreError {
-    StoreError::Backend(format!(
+    StoreError::backend(format!(
         "unexpected reply from the rate-limit script: {what}"
     ))
 }

@@ -47,7 +47,7 @@ impl fmt::Debug for RedisConnection {
 }
 
 fn backend(e: redis::RedisError) -> StoreError {
-    StoreError::Backend(e.to_string())
+    StoreError::backend(e)
 }
 
 impl RedisConnection {
