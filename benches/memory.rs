@@ -1,5 +1,9 @@
 //! Memory per key at 1 M keys: tollgate's [`MemoryStore`] against `governor`'s keyed
-//! limiter (DashMap state), with `Ipv4Addr` and `u32` keys.
+//! limiter (DashMap state), by key type: `u32`, `Ipv4Addr`, `Option<IpAddr>` (what a
+//! `PeerIp` layer stores), a 13-byte `String` and a 24-byte `HeaderBytes` (what a
+//! `HeaderKey` layer stores, an API key). tollgate keeps a key that owns no heap memory as
+//! it is, and any other as a 16-byte digest; governor keeps every key as it is. A second
+//! table gives how many keys tollgate's default budget (32 MiB) holds at most, by key type.
 //!
 //! A counting global allocator (wrapping [`System`]) tracks the live heap bytes; a figure is
 //! the live bytes after building the limiter and inserting every key, minus the live bytes
@@ -12,13 +16,13 @@
 use std::{
     alloc::{GlobalAlloc, Layout, System},
     hash::Hash,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     num::NonZeroU32,
     sync::atomic::{AtomicUsize, Ordering},
 };
 
 use governor::{Quota as GQuota, RateLimiter};
-use tollgate::{Limit, MemoryStore, Quota};
+use tollgate::{key::HeaderBytes, Limit, MemoryStore, Quota};
 
 /// Counts the live heap bytes and their high-water mark.
 struct Counting;
@@ -91,7 +95,10 @@ fn measure<T>(fill: impl FnOnce() -> T) -> (f64, f64) {
 
 fn tollgate<K: Hash + Eq + Clone + Send + Sync + 'static>(key: fn(u32) -> K) -> (f64, f64) {
     measure(|| {
-        let store = MemoryStore::new(Limit::token_bucket(Quota::per_hour(1).unwrap()).unwrap());
+        // A budget large enough that 1 M keys of any type fit (the default is 32 MiB).
+        let store = MemoryStore::new(Limit::token_bucket(Quota::per_hour(1).unwrap()).unwrap())
+            .with_max_bytes(256 << 20)
+            .unwrap();
         for i in 0..KEYS {
             assert!(store.check(&key(i), 1).is_allowed());
         }
@@ -119,21 +126,72 @@ fn main() {
     println!("memory per key at {KEYS} keys (live heap bytes / keys; peak while filling)");
     println!("| key | tollgate B/key | governor B/key | ratio | tollgate peak | governor peak |");
     println!("|---|---|---|---|---|---|");
-    type Row = (&'static str, fn() -> (f64, f64), fn() -> (f64, f64));
-    let rows: [Row; 2] = [
+    type Row = (
+        &'static str,
+        fn() -> (f64, f64),
+        fn() -> (f64, f64),
+        fn() -> usize,
+    );
+    let rows: [Row; 5] = [
+        (
+            "u32",
+            || tollgate(|i| i),
+            || governor(|i| i),
+            || capacity::<u32>(),
+        ),
         (
             "Ipv4Addr",
-            || tollgate(|i| Ipv4Addr::from(i.wrapping_mul(2_654_435_761))),
-            || governor(|i| Ipv4Addr::from(i.wrapping_mul(2_654_435_761))),
+            || tollgate(ipv4),
+            || governor(ipv4),
+            || capacity::<Ipv4Addr>(),
         ),
-        ("u32", || tollgate(|i| i), || governor(|i| i)),
+        (
+            "Option<IpAddr>",
+            || tollgate(|i| Some(IpAddr::V4(ipv4(i)))),
+            || governor(|i| Some(IpAddr::V4(ipv4(i)))),
+            || capacity::<Option<IpAddr>>(),
+        ),
+        (
+            "String (13 B)",
+            || tollgate(|i| format!("client-{i:06}")),
+            || governor(|i| format!("client-{i:06}")),
+            || capacity::<String>(),
+        ),
+        (
+            "HeaderBytes (24 B)",
+            || tollgate(api_key),
+            || governor(api_key),
+            || capacity::<HeaderBytes>(),
+        ),
     ];
-    for (name, ours, theirs) in rows {
+    let mut capacities = Vec::new();
+    for (name, ours, theirs, cap) in rows {
         let (t, tp) = ours();
         let (g, gp) = theirs();
         println!(
             "| {name} | {t:.1} | {g:.1} | {:.2} | {tp:.1} | {gp:.1} |",
             t / g
         );
+        capacities.push((name, cap()));
     }
+    println!();
+    println!("keys the default budget (32 MiB) holds at most");
+    println!("| key | keys |");
+    println!("|---|---|");
+    for (name, keys) in capacities {
+        println!("| {name} | {keys} |");
+    }
+}
+
+fn ipv4(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(i.wrapping_mul(2_654_435_761))
+}
+
+fn api_key(i: u32) -> HeaderBytes {
+    HeaderBytes::from(format!("sk_live_{i:016}").as_str())
+}
+
+/// The most keys of type `K` a store with the default budget holds at once.
+fn capacity<K: Hash + Eq + Clone + Send + Sync + 'static>() -> usize {
+    MemoryStore::<K>::new(Limit::token_bucket(Quota::per_hour(1).unwrap()).unwrap()).max_keys()
 }

@@ -130,5 +130,10 @@ pub use store::{MemoryStore, Store};
 /// The most limits (quotas) one policy may combine.
 pub const MAX_LIMITS: usize = 4;
 
+/// The README's snippets, compiled and run as doctests.
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// A boxed error, as used by tower (`tower::BoxError`).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -126,9 +126,7 @@ impl Future for CheckFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().inner {
             CheckInner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
-                Err(StoreError::backend(
-                    "CheckFuture polled after completion",
-                ))
+                Err(StoreError::backend("CheckFuture polled after completion"))
             })),
             CheckInner::Boxed(f) => f.as_mut().poll(cx),
         }
