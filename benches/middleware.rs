@@ -36,7 +36,9 @@ use std::{
 use axum::{body::Body, extract::ConnectInfo};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
-use tollgate::{key::PeerIp, Limit, MemoryStore, Quota, RateLimitLayer};
+use tollgate::{key::PeerIp, Quota, RateLimitLayer};
+#[cfg(feature = "tsc")]
+use tollgate::{Limit, MemoryStore};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
 
