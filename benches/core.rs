@@ -43,7 +43,7 @@ use std::{
 
 use criterion::{criterion_group, Criterion};
 use governor::{clock::Clock as _, DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
-use tollgate::{clock::Clock as _, Limit, MemoryStore, Quota};
+use tollgate::{clock::Clock as _, store::MemoryStore, Limit, Quota};
 
 /// This thread's CPU time. Batches are timed with it, not with the wall clock: on a
 /// machine shared with other jobs, the time a batch spends descheduled is not its cost.

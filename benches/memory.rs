@@ -2,7 +2,7 @@
 //! limiter (DashMap state), by key type: `u32`, `Ipv4Addr`, `Option<IpAddr>` (what a
 //! `PeerIp` layer stores), a 13-byte `String` and a 24-byte `HeaderBytes` (what a
 //! `HeaderKey` layer stores, an API key). tollgate keeps a key that owns no heap memory as
-//! it is, and any other as a 16-byte digest; governor keeps every key as it is. A second
+//! it is, and any other as a 12-byte digest; governor keeps every key as it is. A second
 //! table gives how many keys tollgate's default budget (32 MiB) holds at most, by key type.
 //!
 //! A counting global allocator (wrapping [`System`]) tracks the live heap bytes; a figure is
@@ -22,7 +22,7 @@ use std::{
 };
 
 use governor::{Quota as GQuota, RateLimiter};
-use tollgate::{key::HeaderBytes, Limit, MemoryStore, Quota};
+use tollgate::{key::HeaderBytes, store::MemoryStore, Limit, Quota};
 
 /// Counts the live heap bytes and their high-water mark.
 struct Counting;

@@ -38,7 +38,7 @@ use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
 use tollgate::{key::PeerIp, Quota, RateLimitLayer};
 #[cfg(feature = "tsc")]
-use tollgate::{Limit, MemoryStore};
+use tollgate::{store::MemoryStore, Limit};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
 

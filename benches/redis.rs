@@ -25,7 +25,7 @@ use std::{
 use redis::aio::ConnectionManager;
 use tollgate::{
     store::{RedisConnection, RedisStore},
-    Limit, Quota, Store,
+    Limit, Quota,
 };
 
 const TASKS: usize = 64;
@@ -158,12 +158,7 @@ async fn main() {
                 let store = store.clone();
                 move |k: u64| {
                     let store = store.clone();
-                    async move {
-                        Store::<u64>::decide(&*store, &k, 1)
-                            .await
-                            .unwrap()
-                            .is_allowed()
-                    }
+                    async move { store.check(&k, 1).await.unwrap().is_allowed() }
                 }
             };
             let bare_side = {

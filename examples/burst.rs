@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use tollgate::{clock::ManualClock, ConfigError, Limit, MemoryStore, Outcome, Quota};
+use tollgate::{
+    clock::ManualClock, decision::Outcome, store::MemoryStore, ConfigError, Limit, Quota,
+};
 
 fn run(name: &str, limit: Limit) {
     let store = MemoryStore::new(limit).with_clock(ManualClock::new());

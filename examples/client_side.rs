@@ -18,7 +18,7 @@ use std::{
 
 use axum::{routing::get, Router};
 use tokio::time::Instant;
-use tollgate::{key::key_fn, BoxError, Quota, RateLimitLayer};
+use tollgate::{key::key_fn, BoxError, Quota};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 type Arrivals = Arc<Mutex<Vec<Duration>>>;
@@ -51,13 +51,12 @@ async fn main() -> Result<(), BoxError> {
         let client = client.clone();
         async move { client.execute(req).await }
     });
-    let per_host = RateLimitLayer::builder()
+    let per_host = tollgate::generic::RateLimitLayer::builder()
         .key(key_fn(|req: &reqwest::Request| {
             Some(req.url().authority().to_owned())
         }))
         .leaky_queue(Quota::per_second(5)?, 20)
-        .build_for::<reqwest::Request>()?
-        .generic();
+        .build::<reqwest::Request>()?;
     let api = ServiceBuilder::new().layer(per_host).service(http);
 
     // Ten calls at once, five to each API: they queue per API instead of failing.

@@ -15,9 +15,10 @@ use std::net::SocketAddr;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use tollgate::{
-    cost_fn,
+    cost::cost_fn,
     key::{key_fn, KeyExtractor},
-    MissingKey, Quota, RateLimitLayer,
+    limiter::MissingKey,
+    Quota, RateLimitLayer,
 };
 
 /// The tenant named by the first path segments `/t/{tenant}/...`.

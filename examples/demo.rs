@@ -21,7 +21,9 @@ use tollgate::{
     clock::TokioClock,
     key::{HeaderKey, PeerIp},
     store::KeyBytes,
-    ConfigError, Limit, MemoryStore, Quota, RateLimitLayer, Store,
+    store::MemoryStore,
+    store::Store,
+    ConfigError, Limit, Quota, RateLimitLayer,
 };
 
 /// Where limits live: this process, or Redis when `TOLLGATE_REDIS_URL` is set.

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use tokio::time::{sleep, Instant, Sleep};
-use tollgate::{generic::RateLimited, key::key_fn, BoxError, Quota, RateLimitLayer};
+use tollgate::{generic::RateLimited, key::key_fn, BoxError, Quota};
 use tower::{retry::Policy, timeout::error::Elapsed, Service, ServiceBuilder, ServiceExt};
 
 #[derive(Clone, Debug)]
@@ -55,11 +55,10 @@ impl<Res> Policy<Job, Res, BoxError> for RetryWhenLimited {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let limit = RateLimitLayer::builder()
+    let limit = tollgate::generic::RateLimitLayer::builder()
         .key(key_fn(|job: &Job| Some(job.tenant)))
         .token_bucket(Quota::per_second(2)?)
-        .build_for::<Job>()?
-        .generic();
+        .build::<Job>()?;
     let worker = |job: Job| async move { Ok::<_, BoxError>(format!("job {} done", job.id)) };
     let started = Instant::now();
     let stack = |deadline, attempts_left| {

@@ -94,6 +94,8 @@ pub struct Decision {
     pub(crate) source: Source,
     pub(crate) len: u8,
     pub(crate) limits: [LimitReport; MAX_LIMITS],
+    /// A refusal let through because every limit that refused runs in shadow.
+    pub(crate) shadow: bool,
 }
 
 impl Decision {
@@ -106,6 +108,7 @@ impl Decision {
             source: Source::Local,
             len: 1,
             limits,
+            shadow: false,
         }
     }
 
@@ -139,7 +142,15 @@ impl Decision {
             source,
             len: len as u8,
             limits: reports,
+            shadow: false,
         }
+    }
+
+    /// Whether a limit in shadow refused the request and it was let through anyway (see
+    /// [`Limit::shadow`](crate::Limit::shadow)): the outcome is the would-be refusal. Such
+    /// a decision is in the request's extensions for handlers to read.
+    pub fn shadowed(&self) -> bool {
+        self.shadow
     }
 
     /// Whether the request was admitted (perhaps after [`Decision::wait`]).

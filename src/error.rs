@@ -50,6 +50,25 @@ pub enum ConfigError {
     InvalidHeaderName(String),
     /// A store setting that cannot work (the message says which).
     Store(String),
+    /// A rollout share outside 0-100 percent.
+    Percent(String),
+    /// A policy written as text that does not parse: the part at fault and why.
+    Parse {
+        /// The text the error was found in (a limit, or the whole policy).
+        part: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An error on a line of a policy set's text.
+    Line {
+        /// The line, counted from 1.
+        line: usize,
+        /// What is wrong on it.
+        error: Box<ConfigError>,
+    },
+    /// A policy set that cannot be used (the message says why: a duplicate or unknown
+    /// name, no policy at all, too many limits with the ones every policy applies).
+    PolicySet(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -81,6 +100,10 @@ impl fmt::Display for ConfigError {
             Self::InvalidPrefix(p) => write!(f, "invalid address prefix length /{p}"),
             Self::InvalidHeaderName(h) => write!(f, "invalid header name {h:?}"),
             Self::Store(msg) => write!(f, "store configuration: {msg}"),
+            Self::Percent(p) => write!(f, "{p} is not a percent in 0-100"),
+            Self::Parse { part, reason } => write!(f, "in {part:?}: {reason}"),
+            Self::Line { line, error } => write!(f, "line {line}: {error}"),
+            Self::PolicySet(msg) => write!(f, "policy set: {msg}"),
         }
     }
 }

@@ -1,306 +1,60 @@
-//! [`RateLimitLayer`]: one value is one limit, shared by every clone and every route it is
-//! applied to.
+//! [`RateLimitLayer`] and its [`Builder`]: the HTTP layer. One layer value is one limit,
+//! shared by every clone and every route it is applied to.
 
-use std::{
-    fmt,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-};
+use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, Response};
 use tower_layer::Layer;
 
 use crate::{
+    algorithm::Limit,
     clock::TokioClock,
-    error::{ConfigError, StoreError},
-    future::{Next, RefundGuard},
-    key::{Global, KeyExtractor},
-    response::{Rejection, Responder},
-    service::RateLimit,
+    cost::UnitCost,
+    decision::Decision,
+    error::ConfigError,
+    key::{Global, KeyExtractor, RequestHead},
+    limiter::{Limiter, MissingKey, OnStoreError, Parts},
+    policy::{Policy, PolicyHandle, PolicyName, PolicySet, SelectHead},
+    quota::Quota,
+    response::{Answers, Rejection},
+    service::{Http, RateLimit},
     store::{MemoryStore, Store},
-    Decision, Limit, Outcome, Policy, Quota, Source,
 };
-
-/// The cost of a request in units of the quota. Implemented by [`UnitCost`] (every request
-/// costs 1, the default) and by closures through [`cost_fn`].
-pub trait Cost<Req> {
-    /// Units this request spends.
-    fn cost(&self, req: &Req) -> u64;
-}
-
-/// Every request costs one unit. See [`Cost`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UnitCost;
-
-impl<Req> Cost<Req> for UnitCost {
-    #[inline]
-    fn cost(&self, _: &Req) -> u64 {
-        1
-    }
-}
-
-/// A [`Cost`] from a closure; built by [`cost_fn`].
-#[derive(Clone, Copy)]
-pub struct CostFn<F>(F);
-
-/// Weighs requests with a closure: by route, by header, by declared body size.
-///
-/// ```
-/// use http::Request;
-/// use tollgate::{cost_fn, Cost};
-///
-/// // One unit per started KiB of declared body, at least one.
-/// let by_size = cost_fn(|req: &Request<()>| {
-///     let len = req
-///         .headers()
-///         .get(http::header::CONTENT_LENGTH)
-///         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-///         .unwrap_or(0);
-///     len.div_ceil(1024).max(1)
-/// });
-/// let req = Request::builder().header("content-length", "4000").body(()).unwrap();
-/// assert_eq!(by_size.cost(&req), 4);
-/// ```
-pub fn cost_fn<F>(f: F) -> CostFn<F> {
-    CostFn(f)
-}
-
-impl<F> fmt::Debug for CostFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CostFn")
-    }
-}
-
-impl<Req, F: Fn(&Req) -> u64> Cost<Req> for CostFn<F> {
-    #[inline]
-    fn cost(&self, req: &Req) -> u64 {
-        (self.0)(req)
-    }
-}
-
-/// What to do with a request from which no key can be extracted. Never silently unlimited
-/// unless you choose [`MissingKey::Allow`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// All keyless requests share one bucket of the same limit (the default): a missing
-    /// `x-api-key` is limited like one anonymous client; a server started without
-    /// `ConnectInfo` is limited as a whole, which shows at once instead of passing silently.
-    #[default]
-    Shared,
-    /// Refuse keyless requests with this status (e.g. `400`) and a problem body. A `401`
-    /// must carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
-    /// scheme (see the `authenticated_user` example).
-    Reject(StatusCode),
-    /// Let keyless requests through unlimited.
-    Allow,
-}
-
-/// What to do when the store fails (a custom store returned an error). The Redis store
-/// applies its own failure policy and does not return errors here.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Admit the request (logged with `tracing::warn!`). The default, as at Stripe and in
-    /// Envoy: a limiter outage must not become an API outage.
-    #[default]
-    FailOpen,
-    /// Refuse it: `503` with a `temporary-reduced-capacity` problem body for HTTP, a
-    /// [`StoreError`] for the generic middleware.
-    FailClosed,
-}
-
-pub(crate) struct Shared<X, St, C> {
-    pub(crate) key: X,
-    pub(crate) store: St,
-    pub(crate) cost: C,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
-    pub(crate) responder: Arc<Responder>,
-    pub(crate) expose: bool,
-    /// Whether the extractor's misconfiguration was logged already (once per layer).
-    pub(crate) warned: AtomicBool,
-}
-
-/// How a request starts: the store's decision (or pending answer) for its key, or what to
-/// do without a key.
-pub(crate) enum Start<K> {
-    Decided {
-        key: Option<K>,
-        cost: u64,
-        decision: Decision,
-    },
-    Pending {
-        key: Option<K>,
-        cost: u64,
-        check: crate::store::CheckFuture,
-    },
-    /// The store failed and the failure policy refuses.
-    Failed(StoreError),
-    Unlimited,
-    Reject(StatusCode),
-}
-
-impl<X, St, C> Shared<X, St, C> {
-    /// Extracts the key and the cost and asks the store.
-    #[inline]
-    pub(crate) fn start<Req>(&self, req: &Req) -> Start<X::Key>
-    where
-        X: KeyExtractor<Req>,
-        C: Cost<Req>,
-        St: Store<Option<X::Key>>,
-    {
-        let key = match self.key.extract(req) {
-            Some(k) => Some(k),
-            None => match self.keyless(req) {
-                MissingKey::Shared => None,
-                MissingKey::Allow => return Start::Unlimited,
-                MissingKey::Reject(status) => return Start::Reject(status),
-            },
-        };
-        let cost = self.cost.cost(req);
-        if let Some(decision) = self.store.decide_now(&key, cost) {
-            return Start::Decided {
-                key,
-                cost,
-                decision,
-            };
-        }
-        let mut check = self.store.decide(&key, cost);
-        match check.take_ready() {
-            Some(Ok(decision)) => Start::Decided {
-                key,
-                cost,
-                decision,
-            },
-            Some(Err(e)) => match self.on_store_error::<X::Key>(e) {
-                Ok(decision) => Start::Decided {
-                    key,
-                    cost,
-                    decision,
-                },
-                Err(e) => Start::Failed(e),
-            },
-            None => Start::Pending { key, cost, check },
-        }
-    }
-
-    /// A request without a key: logs once per layer when the extractor says why (the
-    /// server is not set up to give it what it needs), then follows `MissingKey`.
-    #[cold]
-    fn keyless<Req>(&self, req: &Req) -> MissingKey
-    where
-        X: KeyExtractor<Req>,
-    {
-        if !self.warned.load(Ordering::Relaxed) {
-            if let Some(why) = self.key.misconfiguration(req) {
-                if !self.warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        target: "tollgate",
-                        missing_key = ?self.missing,
-                        "rate-limit key missing: {why} (logged once per layer)"
-                    );
-                }
-            }
-        }
-        self.missing
-    }
-
-    /// A failed store call under the `OnStoreError` policy: a decision to go on with, or
-    /// the error to refuse with.
-    pub(crate) fn on_store_error<K>(&self, e: StoreError) -> Result<Decision, StoreError>
-    where
-        St: Store<Option<K>>,
-    {
-        match self.on_error {
-            OnStoreError::FailOpen => {
-                tracing::warn!(error = %e, "rate-limit store failed; admitting (fail open)");
-                Ok(Decision::without_state(
-                    Outcome::Allowed {
-                        wait: std::time::Duration::ZERO,
-                    },
-                    Source::FailOpen,
-                    self.store.policy().limits().len(),
-                ))
-            }
-            OnStoreError::FailClosed => {
-                tracing::warn!(error = %e, "rate-limit store failed; refusing (fail closed)");
-                Err(e)
-            }
-        }
-    }
-
-    /// The common step from a decision to the next state. `refuse` builds the refusal,
-    /// `allow` the extra carried to the response.
-    #[inline]
-    pub(crate) fn next<K, O, H>(
-        self: &Arc<Self>,
-        key: &Option<K>,
-        cost: u64,
-        decision: &Decision,
-        refuse: impl FnOnce(&Self, Result<&Decision, StoreError>) -> O,
-        allow: impl FnOnce(&Self, &Decision) -> H,
-    ) -> Next<O, H>
-    where
-        St: Store<Option<K>>,
-        K: Clone + Send + Sync + 'static,
-        X: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-    {
-        match decision.outcome() {
-            Outcome::Allowed { wait } => {
-                let refund = (!wait.is_zero()).then(|| {
-                    let (shared, key) = (Arc::clone(self), key.clone());
-                    RefundGuard::new(move || shared.store.refund(&key, cost))
-                });
-                Next::Proceed {
-                    wait,
-                    extra: allow(self, decision),
-                    refund,
-                }
-            }
-            _ => Next::Refuse(refuse(self, Ok(decision))),
-        }
-    }
-
-    /// The slow path's continuation: from the store's eventual answer to the next state.
-    pub(crate) fn continuation<K, Req, O, H>(
-        self: &Arc<Self>,
-        key: Option<K>,
-        cost: u64,
-        refuse: fn(&Self, Result<&Decision, StoreError>) -> O,
-        allow: fn(&Self, &Decision) -> H,
-        expose: fn(&Self, &mut Req, &Decision),
-    ) -> crate::future::Continuation<Req, O, H>
-    where
-        St: Store<Option<K>>,
-        K: Clone + Send + Sync + 'static,
-        X: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-        Req: 'static,
-        O: 'static,
-        H: 'static,
-    {
-        let shared = Arc::clone(self);
-        Box::new(move |result, req: &mut Req| {
-            match result.or_else(|e| shared.on_store_error::<K>(e)) {
-                Ok(d) => {
-                    let next = shared.next(&key, cost, &d, refuse, allow);
-                    expose(&shared, req, &d);
-                    next
-                }
-                Err(e) => Next::Refuse(refuse(&shared, Err(e))),
-            }
-        })
-    }
-}
 
 /// The store a layer builds for itself: in memory, keyed by the extracted key (`None` for
 /// keyless requests under [`MissingKey::Shared`]), on tokio's clock.
 pub type DefaultStore<K> = MemoryStore<Option<K>, TokioClock>;
+
+/// What a decision hook is given: the request's head, the decision, and the name of the
+/// policy that applied. See [`Builder::on_decision`].
+#[derive(Debug)]
+pub struct DecisionEvent<'a> {
+    pub(crate) head: RequestHead<'a>,
+    pub(crate) decision: &'a Decision,
+    pub(crate) policy: Option<&'a str>,
+}
+
+impl<'a> DecisionEvent<'a> {
+    /// The request's method, URI, headers and extensions.
+    pub fn request(&self) -> &RequestHead<'a> {
+        &self.head
+    }
+
+    /// The decision: admitted or refused, remaining units, retry-after.
+    pub fn decision(&self) -> &'a Decision {
+        self.decision
+    }
+
+    /// The name of the policy that applied, in the layer's set (`None` for a layer of one
+    /// unnamed policy).
+    pub fn policy(&self) -> Option<&'a str> {
+        self.policy
+    }
+}
+
+/// A decision hook. See [`Builder::on_decision`].
+pub(crate) type Hook = Arc<dyn Fn(&DecisionEvent<'_>, &mut HeaderMap) + Send + Sync>;
 
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
 /// tower HTTP service. See the [crate docs](crate) for the guide.
@@ -309,40 +63,73 @@ pub type DefaultStore<K> = MemoryStore<Option<K>, TokioClock>;
 /// route, and clones services freely) shares the same state. Build two layers for two
 /// independent limits.
 ///
-/// Type parameters: `X` the [`KeyExtractor`], `St` the [`Store`], `C` the [`Cost`].
+/// Type parameters: `X` the [`KeyExtractor`], `St` the [`Store`], `C` the
+/// [`Cost`](crate::cost::Cost).
 pub struct RateLimitLayer<X = Global, St = DefaultStore<()>, C = UnitCost> {
-    pub(crate) shared: Arc<Shared<X, St, C>>,
+    pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
 }
 
 impl<X, St, C> Clone for RateLimitLayer<X, St, C> {
     fn clone(&self) -> Self {
         RateLimitLayer {
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
 
 impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("key", &self.shared.key)
-            .field("missing_key", &self.shared.missing)
-            .field("responses", &self.shared.responder)
-            .finish_non_exhaustive()
+        f.debug_tuple("RateLimitLayer")
+            .field(&self.limiter)
+            .finish()
     }
 }
 
 impl<X, St, C> RateLimitLayer<X, St, C> {
     /// The store, for inspection (e.g. [`MemoryStore::stats`]).
     pub fn store(&self) -> &St {
-        &self.shared.store
+        &self.limiter.store
     }
 
-    /// The same limit for a non-HTTP `tower::Service` (refusals become a typed error).
-    pub fn generic(&self) -> crate::generic::RateLimitLayer<X, St, C> {
-        crate::generic::RateLimitLayer {
-            shared: Arc::clone(&self.shared),
-        }
+    /// The policies in force.
+    pub fn policies(&self) -> PolicySet {
+        self.limiter.policies()
+    }
+
+    /// A handle that swaps this layer's policies while requests flow. See
+    /// [`PolicyHandle`].
+    pub fn policy_handle(&self) -> PolicyHandle
+    where
+        X: Send + Sync + 'static,
+        St: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+    {
+        PolicyHandle::new(self.limiter.clone())
+    }
+}
+
+impl<X> RateLimitLayer<X, DefaultStore<<X as KeyExtractor<Request<()>>>::Key>, UnitCost>
+where
+    X: KeyExtractor<Request<()>>,
+    X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A layer limiting each key of `key` to `policy` (a [`Limit`], a [`Policy`], or a
+    /// whole [`PolicySet`]), in memory, with the defaults of [`RateLimitLayer::builder`].
+    /// Both are already validated, so this cannot fail.
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, Limit, Quota, RateLimitLayer};
+    ///
+    /// let limit = RateLimitLayer::new(PeerIp::new(), Limit::token_bucket(Quota::per_second(5)?)?);
+    /// # let _: axum::Router = axum::Router::new().layer(limit);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn new(key: X, policy: impl Into<PolicySet>) -> Self {
+        let set = policy.into();
+        let store = MemoryStore::new(set.fallback().clone());
+        Builder::<X, UnitCost>::with_key(key)
+            .finish::<X::Key, _>(store, set)
+            .expect("the memory store decides every policy")
     }
 }
 
@@ -350,22 +137,7 @@ impl RateLimitLayer {
     /// Starts a builder: one global limit, unit cost, IETF headers and problem+json bodies
     /// on; pick a key with [`Builder::key`] and at least one limit.
     pub fn builder() -> Builder<Global, UnitCost> {
-        Builder {
-            key: Global::new(),
-            cost: UnitCost,
-            cfg: Config {
-                limits: Vec::new(),
-                error: None,
-                missing: MissingKey::default(),
-                on_error: OnStoreError::default(),
-                ietf: true,
-                legacy: false,
-                problem: true,
-                rejection: None,
-                expose: false,
-                max_bytes: None,
-            },
-        }
+        Builder::with_key(Global::new())
     }
 }
 
@@ -375,7 +147,7 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit {
             inner,
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
@@ -392,15 +164,18 @@ pub struct Builder<X, C> {
 /// Everything of a builder that does not change its type.
 struct Config {
     limits: Vec<Limit>,
+    named: Vec<(String, Policy)>,
+    set: Option<PolicySet>,
+    names: Option<&'static [&'static str]>,
     error: Option<ConfigError>,
     missing: MissingKey,
     on_error: OnStoreError,
-    ietf: bool,
-    legacy: bool,
-    problem: bool,
-    rejection: Option<Rejection>,
+    answers: Answers,
     expose: bool,
     max_bytes: Option<usize>,
+    shadow_header: Option<HeaderName>,
+    hook: Option<Hook>,
+    label: Arc<str>,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
@@ -408,13 +183,39 @@ impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
         f.debug_struct("Builder")
             .field("key", &self.key)
             .field("limits", &self.cfg.limits)
+            .field("named", &self.cfg.named)
             .field("missing", &self.cfg.missing)
             .finish_non_exhaustive()
     }
 }
 
+impl<X> Builder<X, UnitCost> {
+    fn with_key(key: X) -> Self {
+        Builder {
+            key,
+            cost: UnitCost,
+            cfg: Config {
+                limits: Vec::new(),
+                named: Vec::new(),
+                set: None,
+                names: None,
+                error: None,
+                missing: MissingKey::default(),
+                on_error: OnStoreError::default(),
+                answers: Answers::default(),
+                expose: false,
+                max_bytes: None,
+                shadow_header: None,
+                hook: None,
+                label: "tollgate".into(),
+            },
+        }
+    }
+}
+
 impl<X, C> Builder<X, C> {
-    /// Who is limited: a [`KeyExtractor`] (see [`crate::key`]).
+    /// Who is limited: a [`KeyExtractor`] (see [`crate::key`]). Set it before
+    /// [`Builder::select`], which wraps it.
     pub fn key<X2>(self, key: X2) -> Builder<X2, C> {
         Builder {
             key,
@@ -423,7 +224,7 @@ impl<X, C> Builder<X, C> {
         }
     }
 
-    /// What a request costs (default: 1 unit). See [`cost_fn`].
+    /// What a request costs (default: 1 unit). See [`cost_fn`](crate::cost::cost_fn).
     pub fn cost<C2>(self, cost: C2) -> Builder<X, C2> {
         Builder {
             key: self.key,
@@ -442,16 +243,16 @@ impl<X, C> Builder<X, C> {
         self
     }
 
-    /// Adds a limit; several limits must all admit a request (then all are charged).
+    /// Adds a limit; several limits must all admit a request (then all are charged). With
+    /// named policies, these limits apply to every one of them, first.
     pub fn limit(self, limit: Limit) -> Self {
         self.push(Ok(limit))
     }
 
-    /// Adds every limit of a policy.
+    /// Adds every limit of a policy (see [`Builder::limit`]).
     pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
-        self.cfg
-            .limits
-            .extend(policy.into().limits().iter().cloned());
+        let policy = policy.into();
+        self.cfg.limits.extend(policy.limits().iter().cloned());
         self
     }
 
@@ -470,6 +271,61 @@ impl<X, C> Builder<X, C> {
         self.push(Limit::leaky_queue(quota, queue))
     }
 
+    /// Adds a named policy (a plan): [`Builder::select`] picks one per request, the first
+    /// is the fallback. The limits of [`Builder::limit`] apply to every named policy too.
+    /// See [`crate::policy`].
+    pub fn named_policy(mut self, name: impl Into<String>, policy: impl Into<Policy>) -> Self {
+        self.cfg.named.push((name.into(), policy.into()));
+        self
+    }
+
+    /// Uses a whole policy set (read from a file, say) instead of
+    /// [`Builder::limit`] and [`Builder::named_policy`].
+    pub fn policies(mut self, set: PolicySet) -> Self {
+        self.cfg.set = Some(set);
+        self
+    }
+
+    /// Picks, per request, which named policy applies: by the key (a prefix, a claim), by
+    /// what an auth layer inserted (a plan), by route. A name the set lacks gets the
+    /// fallback; a selector returning a closed set of names ([`PolicyName::all_names`],
+    /// an enum of plans) is checked against the set when the layer is built. Call it after
+    /// [`Builder::key`].
+    ///
+    /// ```
+    /// use tollgate::{key::{HeaderBytes, HeaderKey, RequestHead}, RateLimitLayer};
+    ///
+    /// let plans = RateLimitLayer::builder()
+    ///     .key(HeaderKey::new("x-api-key")?)
+    ///     .named_policy("free", "10/min".parse::<tollgate::Policy>()?)
+    ///     .named_policy("pro", "100/min".parse::<tollgate::Policy>()?)
+    ///     .limit("daily: 1000/day window".parse::<tollgate::Policy>()?.limits()[0].clone())
+    ///     .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| {
+    ///         match key {
+    ///             Some(k) if k.starts_with(b"pro_") => "pro",
+    ///             _ => "free",
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn select<F, N, K>(mut self, select: F) -> Builder<SelectHead<X, F, N>, C>
+    where
+        F: Fn(&RequestHead<'_>, Option<&K>) -> N,
+        N: PolicyName,
+    {
+        self.cfg.names = N::all_names();
+        Builder {
+            key: SelectHead {
+                key: self.key,
+                select,
+                _name: std::marker::PhantomData,
+            },
+            cost: self.cost,
+            cfg: self.cfg,
+        }
+    }
+
     /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
         self.cfg.missing = missing;
@@ -484,20 +340,20 @@ impl<X, C> Builder<X, C> {
 
     /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (default on).
     pub fn ietf_headers(mut self, on: bool) -> Self {
-        self.cfg.ietf = on;
+        self.cfg.answers.ietf = on;
         self
     }
 
     /// The legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` trio (default off).
     pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.cfg.legacy = on;
+        self.cfg.answers.legacy = on;
         self
     }
 
     /// RFC 9457 `application/problem+json` refusal bodies (default on); off, a refusal
     /// has an empty body.
     pub fn problem_details(mut self, on: bool) -> Self {
-        self.cfg.problem = on;
+        self.cfg.answers.problem = on;
         self
     }
 
@@ -507,7 +363,64 @@ impl<X, C> Builder<X, C> {
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
     {
-        self.cfg.rejection = Some(Arc::new(f));
+        let f: Rejection = Arc::new(f);
+        self.cfg.answers.rejection = Some(f);
+        self
+    }
+
+    /// Inserts the [`Decision`] into the request's extensions so handlers can read the
+    /// remaining quota (default off: it costs an allocation per request). A request a
+    /// shadow limit would have refused always carries its decision
+    /// ([`Decision::shadowed`]).
+    pub fn expose_decision(mut self, on: bool) -> Self {
+        self.cfg.expose = on;
+        self
+    }
+
+    /// Names a response header that tells, on a request a shadow limit would have refused,
+    /// which limits and when they would have let it through (`"free";r=0;t=3`). Off by
+    /// default: shadow limits are invisible to clients.
+    pub fn shadow_header(mut self, name: &str) -> Self {
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(n) => self.cfg.shadow_header = Some(n),
+            Err(_) => {
+                self.cfg
+                    .error
+                    .get_or_insert(ConfigError::InvalidHeaderName(name.to_owned()));
+            }
+        }
+        self
+    }
+
+    /// Calls `hook` with every decision, admitted or refused, before the request goes on:
+    /// per-route counts, logs, or headers for the response (what the hook inserts into
+    /// the map is added to it).
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(PeerIp::new())
+    ///     .token_bucket(Quota::per_second(10)?)
+    ///     .on_decision(|event, headers| {
+    ///         if !event.decision().is_allowed() {
+    ///             headers.insert("x-refused-route", event.request().route().parse().unwrap());
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn on_decision<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&DecisionEvent<'_>, &mut HeaderMap) + Send + Sync + 'static,
+    {
+        self.cfg.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// The layer's name in metrics and events (default `tollgate`).
+    pub fn label(mut self, label: &str) -> Self {
+        self.cfg.label = label.into();
         self
     }
 
@@ -520,40 +433,59 @@ impl<X, C> Builder<X, C> {
         self
     }
 
-    /// Inserts the [`Decision`] into the request's extensions so handlers can read the
-    /// remaining quota (default off: it costs an allocation per request).
-    pub fn expose_decision(mut self, on: bool) -> Self {
-        self.cfg.expose = on;
-        self
-    }
-
-    fn finish<St>(self, store: St, policy: &Policy) -> RateLimitLayer<X, St, C> {
-        let responder = Responder::new(
-            policy,
-            self.cfg.ietf,
-            self.cfg.legacy,
-            self.cfg.problem,
-            self.cfg.rejection,
-        );
-        RateLimitLayer {
-            shared: Arc::new(Shared {
-                key: self.key,
-                store,
-                cost: self.cost,
-                missing: self.cfg.missing,
-                on_error: self.cfg.on_error,
-                responder: Arc::new(responder),
-                expose: self.cfg.expose,
-                warned: AtomicBool::new(false),
-            }),
-        }
-    }
-
-    fn take_policy(&mut self) -> Result<Policy, ConfigError> {
+    /// The policy set this builder describes, or `None` when it was given no limit.
+    fn take_set(&mut self) -> Result<Option<PolicySet>, ConfigError> {
         if let Some(e) = self.cfg.error.take() {
             return Err(e);
         }
-        Policy::from_limits(std::mem::take(&mut self.cfg.limits))
+        let limits = std::mem::take(&mut self.cfg.limits);
+        let named = std::mem::take(&mut self.cfg.named);
+        if let Some(set) = self.cfg.set.take() {
+            if !limits.is_empty() || !named.is_empty() {
+                return Err(ConfigError::PolicySet(
+                    "policies(..) replaces limit(..) and named_policy(..): give one or the other"
+                        .into(),
+                ));
+            }
+            return Ok(Some(set));
+        }
+        if !named.is_empty() {
+            return PolicySet::named(named, limits).map(Some);
+        }
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(PolicySet::single(Policy::from_limits(limits)?)))
+    }
+
+    fn finish<K, St>(
+        self,
+        store: St,
+        set: PolicySet,
+    ) -> Result<RateLimitLayer<X, St, C>, ConfigError>
+    where
+        St: Store<Option<K>>,
+    {
+        let flavour = Http {
+            answers: self.cfg.answers,
+            expose: self.cfg.expose,
+            shadow_header: self.cfg.shadow_header,
+            hook: self.cfg.hook,
+        };
+        let limiter = Limiter::new::<K>(Parts {
+            key: self.key,
+            store,
+            cost: self.cost,
+            missing: self.cfg.missing,
+            on_error: self.cfg.on_error,
+            flavour,
+            set,
+            names: self.cfg.names,
+            label: self.cfg.label,
+        })?;
+        Ok(RateLimitLayer {
+            limiter: Arc::new(limiter),
+        })
     }
 
     /// Builds the layer for HTTP requests with the in-memory store (following tokio's
@@ -567,7 +499,7 @@ impl<X, C> Builder<X, C> {
     }
 
     /// Builds the layer with the in-memory store, for extractors that only work on one
-    /// request type (a closure over `Request<axum::body::Body>`, or a non-HTTP request).
+    /// request type (a closure over `Request<axum::body::Body>`).
     pub fn build_for<Req>(
         mut self,
     ) -> Result<RateLimitLayer<X, DefaultStore<X::Key>, C>, ConfigError>
@@ -575,17 +507,17 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let policy = self.take_policy()?;
-        let mut store = MemoryStore::new(policy.clone());
+        let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
+        let mut store = MemoryStore::new(set.fallback().clone()).with_label(&self.cfg.label);
         if let Some(bytes) = self.cfg.max_bytes {
             store = store.with_max_bytes(bytes)?;
         }
-        Ok(self.finish(store, &policy))
+        self.finish::<X::Key, _>(store, set)
     }
 
     /// Builds the layer on a store of your own (a configured [`MemoryStore`], the Redis
-    /// store). The store's policy is the limit; limits given to this builder must be none
-    /// or the same.
+    /// store). Without limits given to this builder, the layer applies the policy the store
+    /// was built for.
     pub fn build_with<St>(self, store: St) -> Result<RateLimitLayer<X, St, C>, ConfigError>
     where
         St: Store<Option<<X as KeyExtractor<Request<()>>>::Key>>,
@@ -603,27 +535,15 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         St: Store<Option<X::Key>>,
     {
-        let policy = store.policy().clone();
         if self.cfg.max_bytes.is_some() {
             return Err(ConfigError::Store(
                 "max_bytes sizes the built-in store; set the budget on your store instead".into(),
             ));
         }
-        if !self.cfg.limits.is_empty() || self.cfg.error.is_some() {
-            let mine = self.take_policy()?;
-            if mine != policy {
-                return Err(ConfigError::Store(
-                    "the builder's limits differ from the store's policy".into(),
-                ));
-            }
-        }
-        Ok(self.finish(store, &policy))
+        let set = match self.take_set()? {
+            Some(set) => set,
+            None => PolicySet::single(store.default_policy().ok_or(ConfigError::NoLimits)?),
+        };
+        self.finish::<X::Key, _>(store, set)
     }
-}
-
-pub(crate) fn missing_key_refusal(responder: &Responder, status: StatusCode) -> Response<Bytes> {
-    responder.plain(
-        status,
-        "No rate-limit key could be extracted from this request.",
-    )
 }

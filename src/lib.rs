@@ -4,23 +4,23 @@
 //! Put `.layer(RateLimitLayer::...)` on an axum `Router`, on one route, or on any tower
 //! `Service`; choose **who** is limited (a [key extractor](key)), **how** (token bucket,
 //! strict leaky meter, leaky-bucket delay queue, fixed or sliding window, several quotas at
-//! once, weighted costs) and get standard refusals: `429` with `Retry-After` rounded up, the
-//! IETF `RateLimit` / `RateLimit-Policy` fields and an RFC 9457 problem body.
+//! once, weighted costs), **which policy** applies to each request (plans), and get
+//! standard refusals: `429` with `Retry-After` rounded up, the IETF `RateLimit` /
+//! `RateLimit-Policy` fields and an RFC 9457 problem body.
 //!
 //! # Quick start
 //!
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::{routing::get, Router};
-//! use tollgate::{key::PeerIp, Quota, RateLimitLayer};
+//! use tollgate::{key::PeerIp, Limit, Quota, RateLimitLayer};
 //!
 //! # fn main() -> Result<(), tollgate::ConfigError> {
 //! // 5 requests per second per client IP, bursts of up to 10.
-//! let limit = RateLimitLayer::builder()
-//!     .key(PeerIp::new())
-//!     .token_bucket(Quota::per_second(5)?.with_burst(10)?)
-//!     .build()?;
-//!
+//! let limit = RateLimitLayer::new(
+//!     PeerIp::new(),
+//!     Limit::token_bucket(Quota::per_second(5)?.with_burst(10)?)?,
+//! );
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
 //!     .layer(limit);
@@ -29,6 +29,10 @@
 //! # let _ = app.into_make_service_with_connect_info::<SocketAddr>();
 //! # Ok(()) }
 //! ```
+//!
+//! [`RateLimitLayer::new`] takes values already validated and cannot fail;
+//! [`RateLimitLayer::builder`] sets everything else (and reports a bad limit when the
+//! layer is built).
 //!
 //! # Choosing how
 //!
@@ -40,31 +44,52 @@
 //! | [`Builder::limit`] with [`Limit::fixed_window`] / [`Limit::sliding_window`] | windows | up to the window's limit |
 //!
 //! Several `.limit(..)` calls combine: a request passes only if every limit admits it, and
-//! only then is every limit charged. [`Builder::cost`] weighs requests (by route, header,
+//! only then is every limit charged. [`cost::cost_fn`] weighs requests (by route, header,
 //! body size). All decisions are exact functions of the state and the time
-//! ([`algorithm`]); `Retry-After` is the exact wait rounded up to whole seconds.
+//! ([`algorithm`]); `Retry-After` is the exact wait rounded up to whole seconds. Policies
+//! can be written as text: `"100/s burst 200"`, `"1000/day window"` ([`policy`]).
 //!
 //! # Choosing who
 //!
 //! See [`key`]: the peer IP (IPv6 grouped by /56), the client IP behind *trusted* proxies
 //! only, a header (API key), a value an auth layer put in the extensions (user id,
-//! tenant), a bearer-token claim, the route, the method, one global key, or a combination.
-//! Requests without a key follow [`MissingKey`]; the default shares one bucket among them
-//! and is never silently unlimited.
+//! tenant), a verified bearer-token claim, the route, the method, one global key, or a
+//! combination. Requests without a key follow [`limiter::MissingKey`]; the default shares
+//! one bucket among them and is never silently unlimited.
+//!
+//! # Plans, live changes, shadow limits
+//!
+//! A layer can hold several named policies and pick one per request
+//! ([`Builder::named_policy`], [`Builder::select`]): a free key gets 10 per minute, a pro
+//! key 100, every key also 1 000 per day, in one layer, with one state per key that
+//! carries over when its plan changes. [`RateLimitLayer::policy_handle`] swaps the whole
+//! set while requests flow, keeping every key's state (see [`policy`] for how state
+//! carries over to other quotas). [`Limit::shadow`] runs a limit without refusing (and
+//! [`Limit::enforce_percent`] for a share of keys) to watch what it would do first.
 //!
 //! # Responses
 //!
 //! See [`response`]. Every response carries `RateLimit-Policy` and `RateLimit`
-//! (draft-ietf-httpapi-ratelimit-headers-10), one item per limit; the legacy
-//! `X-RateLimit-*` trio is opt-in. A refusal is `429 Too Many Requests` with
-//! `Retry-After`, `Cache-Control: no-store` and an `application/problem+json` body of type
-//! `quota-exceeded` naming the violated limits; [`Builder::on_rejection`] replaces it. The
-//! [`Decision`] can be put into the request extensions for handlers
+//! (draft-ietf-httpapi-ratelimit-headers-10), one item per limit, from every tollgate
+//! layer on the route; the legacy `X-RateLimit-*` trio is opt-in. A refusal is
+//! `429 Too Many Requests` with `Retry-After`, `Cache-Control: no-store` and an
+//! `application/problem+json` body of type `quota-exceeded` naming the violated limits;
+//! [`Builder::on_rejection`] replaces it and [`response::refusal`] builds it for a
+//! handler that decides by hand. [`Builder::on_decision`] sees every decision with the
+//! request's head. The [`Decision`] can be put into the request extensions for handlers
 //! ([`Builder::expose_decision`]).
+//!
+//! # Watching
+//!
+//! Every refusal, and every store failure, is a `tracing` event (target `tollgate`); with
+//! the feature `metrics`, decisions by policy and outcome, queue delays, store calls and
+//! errors, the breaker's state, keys held and evictions are counted through the `metrics`
+//! facade, with names after the OpenTelemetry conventions. The list is in the `observe`
+//! section of the repository's docs and in [`Builder::label`].
 //!
 //! # Any tower service
 //!
-//! [`RateLimitLayer::generic`] limits a service of any request type; a refusal is the
+//! [`generic::RateLimitLayer`] limits a service of any request type; a refusal is the
 //! typed error [`generic::RateLimited`] (boxed in [`BoxError`]) carrying the exact
 //! retry-after, so a `tower::retry` policy can wait exactly that long. A leaky queue makes a
 //! client wait for its slot instead, the usual choice in front of a third-party API.
@@ -90,42 +115,47 @@
 //!
 //! # Memory and speed
 //!
-//! The in-memory [`MemoryStore`] keeps one `u64` per key for GCRA-based limits, updates
-//! it with one compare-and-swap under a shard's shared lock, forgets keys whose state is
-//! back to "fresh" as part of normal inserts, and caps the number of keys (default 2^20)
-//! under a flood. See `BENCHMARKS.md` in the repository for measured figures.
+//! The in-memory [`store::MemoryStore`] keeps one `u64` per key for a token bucket,
+//! updates it with one compare-and-swap under a shard's shared lock, forgets keys whose
+//! state is back to fresh as part of normal inserts, and holds at most a memory budget
+//! (32 MiB by default) under a flood. See `BENCHMARKS.md` in the repository for measured
+//! figures.
 //!
 //! # Features
 //!
 //! - `axum` (default): `ConnectInfo` peer addresses and `MatchedPath` route keys.
-//! - `jwt`: `key::BearerClaim`, a key from a bearer token's claim.
+//! - `jwt`: `key::BearerClaim`, a key from a verified bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
+//! - `metrics`: metrics through the `metrics` facade.
+//! - `serde`: policies and policy sets read from configuration files.
+//! - `tsc`: `clock::TscClock`, the CPU's time-stamp counter as an opt-in clock.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod algorithm;
 pub mod clock;
+pub mod cost;
 pub mod decision;
 pub mod error;
 mod future;
 pub mod generic;
 pub mod key;
 mod layer;
+pub mod limiter;
+mod observe;
+pub mod policy;
 pub mod quota;
 pub mod response;
 mod service;
 pub mod store;
 
-pub use algorithm::{Algorithm, Limit, Policy};
-pub use decision::{Decision, LimitReport, Outcome, Source};
-pub use error::{ConfigError, StoreError};
-pub use layer::{
-    cost_fn, Builder, Cost, CostFn, DefaultStore, MissingKey, OnStoreError, RateLimitLayer,
-    UnitCost,
-};
+pub use algorithm::Limit;
+pub use decision::Decision;
+pub use error::ConfigError;
+pub use layer::{Builder, DecisionEvent, DefaultStore, RateLimitLayer};
+pub use policy::Policy;
 pub use quota::Quota;
 pub use service::{RateLimit, ResponseFuture};
-pub use store::{MemoryStore, Store};
 
 /// The most limits (quotas) one policy may combine.
 pub const MAX_LIMITS: usize = 4;

@@ -1,26 +1,115 @@
-//! [`RateLimit`]: the HTTP middleware service made by [`crate::RateLimitLayer`].
+//! [`RateLimit`]: the HTTP middleware service made by [`crate::RateLimitLayer`], and how
+//! the HTTP layer answers (its flavour of the core).
 
 use std::{
     fmt,
     future::Future,
+    hash::Hash,
     pin::Pin,
     sync::Arc,
     task::{ready, Context, Poll},
 };
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::{
+    cost::Cost,
+    error::StoreError,
     future::{take_ready, Finished, Machine},
-    key::KeyExtractor,
-    layer::{missing_key_refusal, Cost, Shared, Start},
-    response::{RateLimitBody, ResponseHeaders},
+    key::{KeyExtractor, RequestHead},
+    layer::{DecisionEvent, Hook},
+    limiter::{Begin, Flavour, Limiter, Prepare, Verdict},
+    policy::Policy,
+    response::{plain, Answers, Fields, RateLimitBody, ResponseHeaders},
     store::Store,
 };
+
+/// How the HTTP layer answers: the layer's response settings.
+pub(crate) struct Http {
+    pub(crate) answers: Answers,
+    pub(crate) expose: bool,
+    pub(crate) shadow_header: Option<HeaderName>,
+    pub(crate) hook: Option<Hook>,
+}
+
+impl Prepare for Http {
+    type Prepared = Fields;
+
+    fn prepare(&self, _: Option<&str>, policy: &Policy) -> Fields {
+        Fields::new(policy)
+    }
+}
+
+impl Http {
+    /// Runs the decision hook; what it inserts goes to the response.
+    fn hook<B>(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Option<HeaderMap> {
+        let hook = self.hook.as_ref()?;
+        let mut headers = HeaderMap::new();
+        let event = DecisionEvent {
+            head: RequestHead::of(req),
+            decision: v.decision,
+            policy: v.name,
+        };
+        hook(&event, &mut headers);
+        (!headers.is_empty()).then_some(headers)
+    }
+}
+
+impl<B> Flavour<Request<B>> for Http {
+    type Refusal = Box<Response<Bytes>>;
+    type Extra = ResponseHeaders;
+
+    fn refuse(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {
+        let mut r = v.prepared.refusal(&self.answers, v.decision, v.shadow_mask);
+        if let Some(extra) = self.hook(req, v) {
+            let mut headers = ResponseHeaders::default();
+            headers.extra = Some(Box::new(extra));
+            headers.apply(r.headers_mut());
+        }
+        Box::new(r)
+    }
+
+    #[inline]
+    fn admit(&self, req: &mut Request<B>, v: &Verdict<'_, Fields>) -> ResponseHeaders {
+        let d = v.decision;
+        let mut headers = v.prepared.headers(&self.answers, d, v.shadow_mask);
+        if self.hook.is_some() || (d.shadowed() && self.shadow_header.is_some()) {
+            let mut extra = self.hook(req, v).unwrap_or_default();
+            if let (true, Some(name)) = (d.shadowed(), &self.shadow_header) {
+                extra.insert(name.clone(), v.prepared.shadow_value(d));
+            }
+            if !extra.is_empty() {
+                headers.extra = Some(Box::new(extra));
+            }
+        }
+        if self.expose || d.shadowed() {
+            req.extensions_mut().insert(*d);
+        }
+        headers
+    }
+
+    fn failed(&self, _: &Request<B>, _: StoreError) -> Self::Refusal {
+        Box::new(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The rate limiter's store is unavailable.",
+        ))
+    }
+
+    fn keyless(&self, _: &Request<B>, status: StatusCode) -> Self::Refusal {
+        Box::new(plain(
+            status,
+            "No rate-limit key could be extracted from this request.",
+        ))
+    }
+
+    fn route<'r>(&self, req: &'r Request<B>) -> Option<&'r str> {
+        Some(RequestHead::of(req).route())
+    }
+}
 
 /// The HTTP rate-limit service. Made by [`crate::RateLimitLayer`]; see the
 /// [crate docs](crate).
@@ -30,14 +119,14 @@ use crate::{
 /// decision is made in `call`.
 pub struct RateLimit<S, X, St, C> {
     pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<X, St, C>>,
+    pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
 }
 
 impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            limiter: Arc::clone(&self.limiter),
         }
     }
 }
@@ -107,7 +196,7 @@ where
     B: Send + 'static,
     ResBody: 'static,
     X: KeyExtractor<Request<B>> + Send + Sync + 'static,
-    X::Key: Clone + Send + Sync + 'static,
+    X::Key: Hash + Clone + Send + Sync + 'static,
     St: Store<Option<X::Key>>,
     C: Cost<Request<B>> + Send + Sync + 'static,
     ResBody: Body<Data = Bytes>,
@@ -122,50 +211,13 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let shared = &self.shared;
-        let machine = match shared.start(&req) {
-            Start::Decided {
-                key,
-                cost,
-                decision,
-            } => {
-                let next = shared.next(&key, cost, &decision, refuse, allow);
-                expose(shared, &mut req, &decision);
-                Machine::from_next(next, &mut self.inner, req)
-            }
-            Start::Pending { key, cost, check } => {
-                let then = shared.continuation(key, cost, refuse, allow, expose);
+        let machine = match self.limiter.begin(&mut req) {
+            Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
+            Begin::Later(check, then) => {
                 Machine::checking(check, then, take_ready(&mut self.inner), req)
             }
-            Start::Failed(e) => Machine::refused(refuse(shared, Err(e))),
-            Start::Unlimited => Machine::calling(self.inner.call(req), None),
-            Start::Reject(status) => {
-                Machine::refused(Box::new(missing_key_refusal(&shared.responder, status)))
-            }
+            Begin::Unlimited => Machine::calling(self.inner.call(req), None),
         };
         ResponseFuture { machine }
     }
-}
-
-fn expose<X, St, C, B>(shared: &Shared<X, St, C>, req: &mut Request<B>, d: &crate::Decision) {
-    if shared.expose {
-        req.extensions_mut().insert(*d);
-    }
-}
-
-fn refuse<X, St, C>(
-    shared: &Shared<X, St, C>,
-    decision: Result<&crate::Decision, crate::StoreError>,
-) -> Box<Response<Bytes>> {
-    Box::new(match decision {
-        Ok(d) => shared.responder.refusal(d),
-        Err(_) => shared.responder.plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The rate limiter's store is unavailable.",
-        ),
-    })
-}
-
-fn allow<X, St, C>(shared: &Shared<X, St, C>, d: &crate::Decision) -> ResponseHeaders {
-    shared.responder.headers(d)
 }

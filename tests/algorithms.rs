@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::{Limit, Outcome, Policy, Quota};
+use tollgate::{decision::Outcome, Limit, Policy, Quota};
 
 /// Reference token bucket in exact integer arithmetic. The bucket's level is kept in
 /// "nanosecond-units": a unit of capacity is `t` of them, so refill by elapsed time is exact

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tollgate::{ConfigError, Limit, MemoryStore, Policy, Quota};
+use tollgate::{store::MemoryStore, ConfigError, Limit, Policy, Quota};
 
 #[test]
 fn zero_limit() {

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use axum::{routing::get, Extension, Router};
 use support::{client, get as fetch, serve};
 use tollgate::{
-    cost_fn, key::KeyExtractor, key::PeerIp, Cost, Decision, Limit, MissingKey, Quota,
-    RateLimitLayer, Store,
+    cost::cost_fn, cost::Cost, key::KeyExtractor, key::PeerIp, limiter::MissingKey, store::Store,
+    Decision, Limit, Quota, RateLimitLayer,
 };
 
-fn per_ip() -> tollgate::Builder<PeerIp, tollgate::UnitCost> {
+fn per_ip() -> tollgate::Builder<PeerIp, tollgate::cost::UnitCost> {
     RateLimitLayer::builder().key(PeerIp::new())
 }
 
@@ -20,7 +20,7 @@ fn per_ip() -> tollgate::Builder<PeerIp, tollgate::UnitCost> {
 async fn hello<X, St, C>(layer: RateLimitLayer<X, St, C>) -> (reqwest::Client, String)
 where
     X: KeyExtractor<http::Request<axum::body::Body>> + Send + Sync + 'static,
-    X::Key: Clone + Send + Sync + 'static,
+    X::Key: std::hash::Hash + Clone + Send + Sync + 'static,
     St: Store<Option<X::Key>>,
     C: Cost<http::Request<axum::body::Body>> + Send + Sync + 'static,
 {

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tollgate::{clock::ManualClock, Limit, MemoryStore, Outcome, Policy, Quota};
+use tollgate::{clock::ManualClock, decision::Outcome, store::MemoryStore, Limit, Policy, Quota};
 
 /// The articles' step input: a client idle for 5 s sends 200 requests in 100 ms (one every
 /// 0.5 ms) against 100/s.
@@ -106,14 +106,13 @@ fn leaky_queue_refuses_past_its_bound_and_nodelay_serves_at_once() {
 
 #[test]
 fn dropped_waiter_refund_gives_the_slot_back() {
-    use tollgate::Store;
     let store = MemoryStore::new(Limit::leaky_queue(Quota::per_second(10).unwrap(), 3).unwrap())
         .with_clock(ManualClock::new());
     for _ in 0..4 {
         assert!(store.check(&"k", 1).is_allowed());
     }
     assert!(!store.check(&"k", 1).is_allowed(), "queue full");
-    Store::refund(&store, &"k", 1);
+    store.refund(&"k", 1);
     assert_eq!(store.check(&"k", 1).wait(), Duration::from_millis(300));
 }
 
@@ -316,7 +315,6 @@ async fn a_store_built_by_hand_follows_paused_tokio_time() {
 #[test]
 fn importing_store_does_not_change_what_peek_means() {
     #[allow(unused_imports)]
-    use tollgate::Store;
     let store = Arc::new(MemoryStore::<u32>::new(
         Limit::token_bucket(Quota::per_minute(1).unwrap()).unwrap(),
     ));

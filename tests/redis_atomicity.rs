@@ -15,8 +15,9 @@ use std::{
 
 use redis_support::Target;
 use tollgate::{
-    store::{RedisConnection, RedisStore, Store},
-    Limit, Quota, Source,
+    decision::Source,
+    store::{RedisConnection, RedisStore},
+    Limit, Quota,
 };
 
 async fn server_us(con: &mut redis::aio::MultiplexedConnection) -> u64 {
@@ -59,7 +60,7 @@ async fn concurrent_checks_never_over_admit() {
             let (admitted, other, calls) = (admitted.clone(), other.clone(), calls.clone());
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
-                    let d = store.decide(&key, 1).await.unwrap();
+                    let d = store.check(&key, 1).await.unwrap();
                     calls.fetch_add(1, Ordering::Relaxed);
                     match d.source() {
                         Source::Store | Source::NegativeCache => {

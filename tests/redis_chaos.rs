@@ -15,8 +15,9 @@ use std::{
 
 use redis_support::RedisServer;
 use tollgate::{
-    store::{BreakerState, FailurePolicy, RedisConnection, RedisStore, Store},
-    Limit, Quota, Source,
+    decision::Source,
+    store::{BreakerState, FailurePolicy, RedisConnection, RedisStore},
+    Limit, Quota,
 };
 
 const DEADLINE: Duration = Duration::from_millis(20);
@@ -80,7 +81,7 @@ async fn run(s: Scenario) {
             while t0.elapsed() < end {
                 let start = Instant::now();
                 let d = store
-                    .decide(&key, 1)
+                    .check(&key, 1)
                     .await
                     .expect("the store always decides");
                 let rec = Rec {

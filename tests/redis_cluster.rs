@@ -14,8 +14,9 @@ use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
 use redis_support::{stored_words, RedisCluster};
 use tollgate::{
-    store::{RedisConnection, RedisStore, Store},
-    Limit, Policy, Quota, Source,
+    decision::Source,
+    store::{RedisConnection, RedisStore},
+    Limit, Policy, Quota,
 };
 
 #[test]
@@ -61,15 +62,18 @@ fn semantics_through_a_cluster() {
         let mut slots = HashSet::new();
         for i in 0..40 {
             let key = format!("cluster-client-{i}");
-            let d = store.decide(&key, 2).await.unwrap();
+            let d = store.check(&key, 2).await.unwrap();
             assert_eq!(d.source(), Source::Store);
             assert!(d.is_allowed());
             let rkey = store.redis_key(key.as_str());
             let raw: Vec<u8> = admin.get(&rkey).await.unwrap();
             let words = stored_words(&raw);
-            assert_eq!(words.len(), 4, "{raw:?}");
-            assert_eq!(words[1], 200_000_000, "fill of 2 units at 100 ms each");
-            assert_eq!(words[3], 2);
+            // Write time; the bucket's descriptor (T, cap) and fill; the window's descriptor
+            // (kind and length, limit), end and count.
+            assert_eq!(words.len(), 8, "{raw:?}");
+            assert_eq!(words[1], 100_000_000, "T");
+            assert_eq!(words[3], 200_000_000, "fill of 2 units at 100 ms each");
+            assert_eq!(words[7], 2);
             let pttl: i64 = admin.pttl(&rkey).await.unwrap();
             let expect = d.reset_after().as_nanos().div_ceil(1_000_000) as i64;
             assert!(
@@ -92,8 +96,8 @@ fn semantics_through_a_cluster() {
 
         // Exhaust one client through the cluster; a refusal writes nothing.
         let key = "cluster-hot";
-        while store.decide(&key, 1).await.unwrap().is_allowed() {}
-        let d = store.preview(&key, 1).await.unwrap();
+        while store.check(&key, 1).await.unwrap().is_allowed() {}
+        let d = store.peek(&key, 1).await.unwrap();
         assert!(!d.is_allowed());
         assert!(d.retry_after().unwrap() <= Duration::from_millis(100));
     });

@@ -16,8 +16,9 @@ use std::{
 
 use redis_support::RedisServer;
 use tollgate::{
-    store::{LocalFirstStore, RedisConnection, RedisStore, Store},
-    Limit, Quota, Source,
+    decision::Source,
+    store::{LocalFirstStore, RedisConnection, RedisStore},
+    Limit, Quota,
 };
 
 const RATE: u64 = 100;
@@ -33,7 +34,7 @@ async fn hammer(stores: &[LocalFirstStore], key: &str, dur: Duration) -> Vec<u64
             let (store, count, key) = (store.clone(), count.clone(), key.to_string());
             tasks.push(tokio::spawn(async move {
                 while Instant::now() < end {
-                    let d = store.decide(&key, 1).await.unwrap();
+                    let d = store.check_local(&key, 1);
                     assert_eq!(d.source(), Source::Local);
                     if d.is_allowed() {
                         count.fetch_add(1, Ordering::Relaxed);

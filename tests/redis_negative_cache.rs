@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis_support::RedisServer;
 use tollgate::{
     clock::ManualClock,
-    store::{RedisConnection, RedisStore, Store},
-    Limit, Quota, Source,
+    decision::Source,
+    store::{RedisConnection, RedisStore},
+    Limit, Quota,
 };
 
 /// A manual clock at today's time, which the store decides on and runs its negative cache
@@ -39,9 +40,9 @@ async fn refused_key_is_answered_locally_until_retry_after() {
         .build(conn)
         .unwrap();
     let key = "hot-client";
-    assert!(store.decide(&key, 1).await.unwrap().is_allowed());
-    assert!(store.decide(&key, 1).await.unwrap().is_allowed());
-    let refused = store.decide(&key, 1).await.unwrap();
+    assert!(store.check(&key, 1).await.unwrap().is_allowed());
+    assert!(store.check(&key, 1).await.unwrap().is_allowed());
+    let refused = store.check(&key, 1).await.unwrap();
     assert_eq!(refused.source(), Source::Store);
     let retry = refused.retry_after().expect("refused");
     assert_eq!(retry, Duration::from_millis(400));
@@ -49,14 +50,14 @@ async fn refused_key_is_answered_locally_until_retry_after() {
     assert!(calls >= 3);
     // A larger cost is refused locally too; a smaller one would still ask Redis.
     assert_eq!(
-        store.decide(&key, 2).await.unwrap().source(),
+        store.check(&key, 2).await.unwrap().source(),
         Source::NegativeCache
     );
 
     // Every millisecond until 1 ns before the retry-after: no EVALSHA reaches Redis, and
     // each local answer counts the retry-after down exactly.
     for ms in 0..400u64 {
-        let d = store.decide(&key, 1).await.unwrap();
+        let d = store.check(&key, 1).await.unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.source(), Source::NegativeCache);
         assert_eq!(
@@ -69,7 +70,7 @@ async fn refused_key_is_answered_locally_until_retry_after() {
     assert_eq!(server.calls("evalsha"), calls, "400 refusals without Redis");
 
     // At the retry-after, Redis decides again and admits.
-    let d = store.decide(&key, 1).await.unwrap();
+    let d = store.check(&key, 1).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
     assert_eq!(server.calls("evalsha"), calls + 1);
@@ -93,20 +94,20 @@ async fn smaller_cost_and_refund_go_to_redis() {
         .build(conn)
         .unwrap();
     let key = 7u32;
-    assert!(store.decide(&key, 2).await.unwrap().is_allowed());
-    let refused = store.decide(&key, 2).await.unwrap();
+    assert!(store.check(&key, 2).await.unwrap().is_allowed());
+    let refused = store.check(&key, 2).await.unwrap();
     assert!(!refused.is_allowed());
     // Cost 1 still fits: the cached refusal of cost 2 does not answer it.
-    let d = store.decide(&key, 1).await.unwrap();
+    let d = store.check(&key, 1).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
     assert_eq!(
-        store.decide(&key, 2).await.unwrap().source(),
+        store.check(&key, 2).await.unwrap().source(),
         Source::NegativeCache
     );
     // A refund forgets the cached refusal and gives the units back.
     store.refund_confirmed(&key, 3).await.unwrap();
-    let d = store.decide(&key, 2).await.unwrap();
+    let d = store.check(&key, 2).await.unwrap();
     assert_eq!(d.source(), Source::Store);
     assert!(d.is_allowed());
 }

@@ -13,8 +13,10 @@ use equiv::{compare, ops_strategy, policy_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{stored_words, Target};
 use tollgate::{
-    store::{RedisConnection, RedisStore, Store},
-    ConfigError, Limit, Outcome, Policy, Quota, Source,
+    decision::Outcome,
+    decision::Source,
+    store::{RedisConnection, RedisStore},
+    ConfigError, Limit, Policy, Quota,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -145,7 +147,7 @@ fn foreign_values_are_read_as_fresh_state() {
             .clone()
             .and(Limit::fixed_window(Quota::per_minute(100).unwrap()).unwrap())
             .unwrap();
-        for (policy, words) in [(one, 2), (two, 4)] {
+        for (policy, words) in [(one, 4), (two, 8)] {
             let store = RedisStore::builder(policy)
                 .namespace("foreign-test")
                 .build(conn.clone())
@@ -161,7 +163,7 @@ fn foreign_values_are_read_as_fresh_state() {
                 &[0, 0, 0, 0, 0, 0, 0xf0, 0xbf, 0, 0, 0, 0, 0, 0, 0, 0], // -1, 0
             ] {
                 let _: () = cmd(&mut con, &[b"SET", &rkey, foreign]).await;
-                let d = store.decide(&key, 1).await.unwrap();
+                let d = store.check(&key, 1).await.unwrap();
                 assert!(d.is_allowed(), "{foreign:?}");
                 assert_eq!(d.remaining(), 4, "{foreign:?} read as fresh");
                 let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
@@ -193,7 +195,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let rkey = store.redis_key(key.as_str());
         let mut last = None;
         for _ in 0..3 {
-            last = Some(store.decide(&key, 1).await.unwrap());
+            last = Some(store.check(&key, 1).await.unwrap());
         }
         let last = last.unwrap();
         assert_eq!(last.source(), Source::Store);
@@ -205,12 +207,14 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         );
         eprintln!("PTTL {pttl} ms, time to full {expect_ms} ms");
 
-        // The stored value is integers as little-endian doubles: write time (µs) and fill
-        // (ns) = reset_after.
+        // The stored value is integers as little-endian doubles: write time (µs), the
+        // limit's descriptor (T and cap, ns) and fill (ns) = reset_after.
         let raw: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         let words = stored_words(&raw);
-        assert_eq!(words.len(), 2, "{raw:?}");
-        assert_eq!(words[1], last.reset_after().as_nanos() as u64, "{raw:?}");
+        assert_eq!(words.len(), 4, "{raw:?}");
+        assert_eq!(words[1], 100_000_000, "{raw:?}");
+        assert_eq!(words[2], 500_000_000, "{raw:?}");
+        assert_eq!(words[3], last.reset_after().as_nanos() as u64, "{raw:?}");
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
         let server_us = secs * 1_000_000 + micros;
         assert!(
@@ -221,7 +225,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         );
 
         // Exhaust, then a refusal does not extend the TTL.
-        while store.decide(&key, 1).await.unwrap().is_allowed() {}
+        while store.check(&key, 1).await.unwrap().is_allowed() {}
         let before: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
         let raw_before: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -230,7 +234,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
             .negative_cache(0)
             .build(conn.clone())
             .unwrap();
-        let refused = no_cache.decide(&key, 1).await.unwrap();
+        let refused = no_cache.check(&key, 1).await.unwrap();
         assert!(!refused.is_allowed());
         let after: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
         let raw_after: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
@@ -246,7 +250,9 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
                 .namespace("ttl-test")
                 .build(conn.clone())
                 .unwrap();
-        assert!(short.decide(&key, 2).await.unwrap().is_allowed());
+        // (Another key: a key's state is one under every policy.)
+        let key = format!("{key}-short");
+        assert!(short.check(&key, 2).await.unwrap().is_allowed());
         let skey = short.redis_key(key.as_str());
         let exists: i64 = cmd(&mut con, &[b"EXISTS", &skey]).await;
         assert_eq!(exists, 1);
@@ -265,15 +271,16 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         .namespace("ttl-test")
         .build(conn)
         .unwrap();
-        let d = multi.decide(&key, 3).await.unwrap();
+        let d = multi.check(&key, 3).await.unwrap();
         assert!(d.is_allowed());
         let mkey = multi.redis_key(key.as_str());
         let raw: Vec<u8> = cmd(&mut con, &[b"GET", &mkey]).await;
         let words = stored_words(&raw);
-        assert_eq!(words.len(), 1 + 1 + 3 + 2, "{raw:?}");
-        assert_eq!(words[1], d.limits()[0].reset_after().as_nanos() as u64);
-        assert_eq!(words[4], 3);
-        assert_eq!(words[6], 3);
+        // Write time; per limit its descriptor and its state (a window's end, then counts).
+        assert_eq!(words.len(), 1 + (2 + 1) + (2 + 3) + (2 + 2), "{raw:?}");
+        assert_eq!(words[3], d.limits()[0].reset_after().as_nanos() as u64);
+        assert_eq!(words[8], 3);
+        assert_eq!(words[12], 3);
         let pttl: i64 = cmd(&mut con, &[b"PTTL", &mkey]).await;
         let expect_ms = d.reset_after().as_nanos().div_ceil(1_000_000) as i64;
         assert!(
@@ -295,10 +302,10 @@ fn exceeds_and_source() {
         )
         .unwrap();
         let key = format!("exc-{}", std::process::id());
-        let d = Store::decide(&store, &key, 6).await.unwrap();
+        let d = store.check(&key, 6).await.unwrap();
         assert_eq!(d.outcome(), Outcome::Exceeds);
         assert_eq!(d.source(), Source::Store);
-        let d = Store::preview(&store, &key, 5).await.unwrap();
+        let d = store.peek(&key, 5).await.unwrap();
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
     });
@@ -319,11 +326,11 @@ fn a_day_window_ends_at_the_same_instant_in_memory_and_on_redis() {
             .negative_cache(0)
             .build(conn)
             .unwrap();
-        let memory = tollgate::MemoryStore::new(limit);
+        let memory = tollgate::store::MemoryStore::new(limit);
         let key = format!("day-{}", std::process::id());
-        redis.decide(&key, 1).await.unwrap();
+        redis.check(&key, 1).await.unwrap();
         memory.check(&key, 1);
-        let on_redis = redis.decide(&key, 1).await.unwrap().retry_after().unwrap();
+        let on_redis = redis.check(&key, 1).await.unwrap().retry_after().unwrap();
         let in_memory = memory.check(&key, 1).retry_after().unwrap();
         let apart = on_redis.abs_diff(in_memory);
         assert!(
@@ -348,7 +355,7 @@ fn api_keys_are_not_readable_in_key_names() {
             .build(conn.clone())
             .unwrap();
         let secret = format!("sk_live_{}", std::process::id());
-        assert!(store.decide(&secret, 1).await.unwrap().is_allowed());
+        assert!(store.check(&secret, 1).await.unwrap().is_allowed());
         let names: Vec<Vec<u8>> = cmd(&mut con, &[b"KEYS", b"secret-test:*"]).await;
         assert!(!names.is_empty());
         for n in &names {

@@ -17,8 +17,9 @@ use std::{
 use axum::{routing::get, Router};
 use tollgate::{
     key::{Global, HeaderKey},
+    store::MemoryStore,
     store::DEFAULT_MAX_BYTES,
-    Limit, MemoryStore, Quota, RateLimitLayer,
+    Limit, Quota, RateLimitLayer,
 };
 
 struct Counting;

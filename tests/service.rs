@@ -158,12 +158,11 @@ impl<Req: Clone, Res> tower::retry::Policy<Req, Res, BoxError> for HonourRetryAf
 
 #[tokio::test(start_paused = true)]
 async fn retry_honours_retry_after_through_timeout_and_the_layer() {
-    let layer = RateLimitLayer::builder()
+    let layer = tollgate::generic::RateLimitLayer::builder()
         .key(key_fn(|call: &&'static str| Some(*call)))
         .token_bucket(Quota::per_second(4).unwrap().with_burst(2).unwrap())
-        .build_for::<&'static str>()
-        .unwrap()
-        .generic();
+        .build::<&'static str>()
+        .unwrap();
     let waited = Arc::new(Mutex::new(Vec::new()));
     let mut svc = ServiceBuilder::new()
         .retry(HonourRetryAfter {
@@ -191,12 +190,11 @@ async fn retry_honours_retry_after_through_timeout_and_the_layer() {
 
 #[tokio::test(start_paused = true)]
 async fn generic_queue_makes_clients_wait_for_their_slot() {
-    let layer = RateLimitLayer::builder()
+    let layer = tollgate::generic::RateLimitLayer::builder()
         .key(key_fn(|_: &u32| Some(())))
         .leaky_queue(Quota::per_second(5).unwrap(), 20)
-        .build_for::<u32>()
-        .unwrap()
-        .generic();
+        .build::<u32>()
+        .unwrap();
     let svc = ServiceBuilder::new()
         .layer(layer)
         .service_fn(|n: u32| async move { Ok::<_, BoxError>((n, Instant::now())) });
@@ -273,8 +271,8 @@ fn layer_meets_router_bounds() {
         tollgate::RateLimit<
             axum::routing::Route,
             tollgate::key::PeerIp,
-            tollgate::MemoryStore<Option<std::net::IpAddr>, tollgate::clock::TokioClock>,
-            tollgate::UnitCost,
+            tollgate::store::MemoryStore<Option<std::net::IpAddr>, tollgate::clock::TokioClock>,
+            tollgate::cost::UnitCost,
         >,
     >();
     let _ = router_layer(layer.clone());
@@ -319,17 +317,17 @@ async fn readiness_is_forwarded_not_reserved() {
 #[tokio::test(start_paused = true)]
 async fn dropped_waiters_give_every_unit_back_to_every_limit() {
     use tollgate::Limit;
-    let layer = RateLimitLayer::builder()
+    let layer = tollgate::generic::RateLimitLayer::builder()
         .key(Global::new())
         .leaky_queue(Quota::per_second(10).unwrap(), 20)
         .limit(Limit::fixed_window(Quota::per_day(1000).unwrap()).unwrap())
-        .build_for::<u32>()
+        .build::<u32>()
         .unwrap();
     let inspect = layer.clone();
     let store = inspect.store();
     let svc = ServiceBuilder::new()
         .timeout(Duration::from_millis(1500))
-        .layer(layer.generic())
+        .layer(layer)
         .service_fn(|n: u32| async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok::<_, BoxError>(n)
@@ -372,12 +370,11 @@ async fn a_future_polled_again_after_the_inner_service_panicked_fails_loudly() {
         panic::{catch_unwind, AssertUnwindSafe},
         task::Context,
     };
-    let layer = RateLimitLayer::builder()
+    let layer = tollgate::generic::RateLimitLayer::builder()
         .key(Global::new())
         .leaky_queue(Quota::per_second(10).unwrap(), 5)
-        .build_for::<u32>()
-        .unwrap()
-        .generic();
+        .build::<u32>()
+        .unwrap();
     let mut svc = ServiceBuilder::new().layer(layer).service_fn(
         |n: u32| -> std::future::Ready<Result<u32, BoxError>> {
             assert!(n != 1, "the handler panics on request 1");

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Barrier};
 
-use tollgate::{clock::ManualClock, Limit, MemoryStore, Policy, Quota};
+use tollgate::{clock::ManualClock, store::MemoryStore, Limit, Policy, Quota};
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]

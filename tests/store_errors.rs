@@ -6,8 +6,8 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tollgate::{
-    generic::RateLimited, key::Global, store::CheckFuture, BoxError, Decision, Limit, OnStoreError,
-    Policy, Quota, RateLimitLayer, Source, Store, StoreError,
+    decision::Source, error::StoreError, generic::RateLimited, key::Global, limiter::OnStoreError,
+    store::CheckFuture, store::Store, BoxError, Decision, Limit, Policy, Quota, RateLimitLayer,
 };
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -27,10 +27,10 @@ impl Broken {
 }
 
 impl Store<Option<()>> for Broken {
-    fn policy(&self) -> &Policy {
-        &self.policy
+    fn default_policy(&self) -> Option<Policy> {
+        Some(self.policy.clone())
     }
-    fn decide(&self, _: &Option<()>, _: u64) -> CheckFuture {
+    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
         let err = StoreError::Timeout(Duration::from_millis(20));
         if self.pending {
             CheckFuture::boxed(async move {
@@ -41,10 +41,10 @@ impl Store<Option<()>> for Broken {
             CheckFuture::ready(Err(err))
         }
     }
-    fn preview(&self, key: &Option<()>, cost: u64) -> CheckFuture {
-        self.decide(key, cost)
+    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
+        self.decide(key, policy, cost)
     }
-    fn refund(&self, _: &Option<()>, _: u64) {}
+    fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
 }
 
 /// `on_error: None` leaves the builder's default.
@@ -96,12 +96,11 @@ async fn http_fails_open_by_default_and_closed_on_request() {
 #[tokio::test]
 async fn generic_fail_closed_returns_the_store_error() {
     for pending in [false, true] {
-        let layer = RateLimitLayer::builder()
+        let layer = tollgate::generic::RateLimitLayer::builder()
             .key(tollgate::key::key_fn(|_: &u32| Some(())))
             .on_store_error(OnStoreError::FailClosed)
-            .build_with_for::<u32, _>(Broken::new(pending))
-            .unwrap()
-            .generic();
+            .build_with::<u32, _>(Broken::new(pending))
+            .unwrap();
         let svc = ServiceBuilder::new()
             .layer(layer)
             .service_fn(|n: u32| async move { Ok::<_, BoxError>(n) });

@@ -1,9 +1,9 @@
 //! The decision functions: pure, with time passed in.
 //!
-//! A [`Limit`] is a [`Quota`] under an [`Algorithm`]; a [`Policy`] is one to
-//! [`MAX_LIMITS`] limits that must all admit a request (then all are charged, otherwise
-//! none). State is a few `u64` words per limit ([`Policy::state_words`]); all zeros is a
-//! fresh key. Nothing here reads a clock, so every decision is reproducible.
+//! A [`Limit`] is a [`Quota`] under an [`Algorithm`]; a [`Policy`](crate::Policy) is one
+//! to [`MAX_LIMITS`] limits that must all admit a request (then all are charged, otherwise
+//! none). State is a few `u64` words per limit
+//! ([`Policy::state_words`](crate::Policy::state_words)); all zeros is a fresh key. Nothing here reads a clock, so every decision is reproducible.
 //!
 //! | algorithm | admits | state |
 //! |---|---|---|
@@ -15,7 +15,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate::{Limit, Outcome, Policy, Quota};
+//! use tollgate::{decision::Outcome, Limit, Policy, Quota};
 //!
 //! // 10 per second with a burst of 20, and 10 000 per day.
 //! let policy = Policy::new(Limit::token_bucket(Quota::per_second(10)?.with_burst(20)?)?)
@@ -40,7 +40,7 @@ pub(crate) use gcra::Gcra;
 pub(crate) use window::Window;
 
 use crate::{
-    decision::{Decision, LimitReport, Outcome},
+    decision::{LimitReport, Outcome},
     error::ConfigError,
     quota::Quota,
     MAX_LIMITS,
@@ -110,7 +110,30 @@ pub struct Limit {
     quota: Quota,
     algorithm: Algorithm,
     name: Arc<str>,
+    /// Whether the name was set with [`Limit::named`] (a policy set names the others).
+    named: bool,
+    mode: Enforcement,
     pub(crate) params: Params,
+}
+
+/// Whether a limit's refusals refuse the request. See [`Limit::shadow`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Enforcement {
+    /// Refusals refuse (the default).
+    Enforced,
+    /// Enforced for this many keys in 10 000 (chosen by a fixed hash of the key), shadow
+    /// for the others; 0 is shadow for every key.
+    Keys(u16),
+}
+
+impl Enforcement {
+    /// Whether the limit is enforced for a key whose rollout hash is `key_hash`.
+    pub(crate) fn enforced_for(self, key_hash: u64) -> bool {
+        match self {
+            Enforcement::Enforced => true,
+            Enforcement::Keys(n) => key_hash % 10_000 < u64::from(n),
+        }
+    }
 }
 
 impl fmt::Debug for Limit {
@@ -119,6 +142,7 @@ impl fmt::Debug for Limit {
             .field("name", &self.name)
             .field("quota", &self.quota)
             .field("algorithm", &self.algorithm)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -169,6 +193,8 @@ impl Limit {
         };
         Ok(Limit {
             name: quota.default_name().into(),
+            named: false,
+            mode: Enforcement::Enforced,
             quota,
             algorithm,
             params,
@@ -248,7 +274,65 @@ impl Limit {
             return Err(ConfigError::InvalidName(name));
         }
         self.name = name.into();
+        self.named = true;
         Ok(self)
+    }
+
+    /// Gives the limit a default name (a policy set names its policies' limits after the
+    /// policy), unless one was set with [`Limit::named`].
+    pub(crate) fn named_by_default(mut self, name: &str) -> Self {
+        if !self.named {
+            self.name = name.into();
+        }
+        self
+    }
+
+    /// Runs the limit in shadow: decided and charged exactly as if enforced, but a request
+    /// it alone would refuse is let through (and seen in metrics, events and the request's
+    /// extensions as a would-be refusal). For rolling a new limit out: watch what it would
+    /// refuse, then enforce it, or enforce it for a share of keys first
+    /// ([`Limit::enforce_percent`]).
+    pub fn shadow(mut self) -> Self {
+        self.mode = Enforcement::Keys(0);
+        self
+    }
+
+    /// Enforces the limit for `percent` of keys and runs it in shadow for the others. The
+    /// share is chosen by a fixed hash of the key, the same in every process: a key is
+    /// either in or out, so a client does not flap between the two, and raising the share
+    /// only adds keys. `100.0` is the default (enforced), `0.0` is [`Limit::shadow`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Percent`] outside `0..=100`.
+    pub fn enforce_percent(mut self, percent: f64) -> Result<Self, ConfigError> {
+        if !(0.0..=100.0).contains(&percent) {
+            return Err(ConfigError::Percent(percent.to_string()));
+        }
+        self.mode = if percent >= 100.0 {
+            Enforcement::Enforced
+        } else {
+            Enforcement::Keys((percent * 100.0).round() as u16)
+        };
+        Ok(self)
+    }
+
+    /// Whether the limit is in shadow for every key.
+    pub fn is_shadow(&self) -> bool {
+        self.mode == Enforcement::Keys(0)
+    }
+
+    /// The share of keys the limit is enforced for, in percent (100 unless set with
+    /// [`Limit::shadow`] or [`Limit::enforce_percent`]).
+    pub fn enforced_percent(&self) -> f64 {
+        match self.mode {
+            Enforcement::Enforced => 100.0,
+            Enforcement::Keys(n) => f64::from(n) / 100.0,
+        }
+    }
+
+    pub(crate) fn enforcement(&self) -> Enforcement {
+        self.mode
     }
 
     /// The quota.
@@ -303,216 +387,93 @@ impl Limit {
         }
     }
 
+    /// The units a state holds at `now`, rounded up to whole units: what a key keeps when
+    /// it changes to another limit (see [`Limit::carry`]).
+    pub(crate) fn outstanding(&self, s: &[u64], now: u64) -> u64 {
+        match &self.params {
+            Params::Gcra(g) => (s[0].max(now) - now).div_ceil(g.t),
+            Params::Fixed(w) => {
+                if s[0] == w.tag(now) {
+                    s[1]
+                } else {
+                    0
+                }
+            }
+            Params::Sliding(w) => w.sliding_outstanding(s, now),
+        }
+    }
+
+    /// This limit's state for a key whose state under `old` was `s`: the same state when
+    /// the parameters are the same; a token bucket of the same rate keeps its exact fill
+    /// (at most full), a window on the same grid (kind, length, offset) its counts (at
+    /// most its limit); otherwise the outstanding units, rounded up to whole units, are
+    /// charged at `now`, at most a full bucket or a full window.
+    pub(crate) fn carry(&self, old: &Limit, s: &[u64], now: u64) -> [u64; 3] {
+        let mut out = [0; 3];
+        if self.params == old.params {
+            out[..self.params.words()].copy_from_slice(&s[..self.params.words()]);
+            return out;
+        }
+        match (&self.params, &old.params) {
+            // The same rate and size keep even a debt above full (a local-first store's).
+            (Params::Gcra(g), Params::Gcra(o)) if g.t == o.t && g.cap == o.cap => {
+                out[0] = s[0];
+            }
+            (Params::Gcra(g), Params::Gcra(o)) if g.t == o.t => {
+                let fill = (s[0].max(now) - now).min(g.cap);
+                out[0] = if fill == 0 { 0 } else { now + fill };
+            }
+            (Params::Fixed(w), Params::Fixed(o)) if w.w == o.w && w.shift == o.shift => {
+                let cap = |c: u64| {
+                    if w.limit == o.limit {
+                        c
+                    } else {
+                        c.min(w.limit)
+                    }
+                };
+                out[0] = s[0];
+                out[1] = cap(s[1]);
+            }
+            (Params::Sliding(w), Params::Sliding(o)) if w.w == o.w && w.shift == o.shift => {
+                let cap = |c: u64| {
+                    if w.limit == o.limit {
+                        c
+                    } else {
+                        c.min(w.limit)
+                    }
+                };
+                out[0] = s[0];
+                out[1] = cap(s[1]);
+                out[2] = cap(s[2]);
+            }
+            (Params::Gcra(g), _) => {
+                let units = old.outstanding(s, now);
+                let fill = units.checked_mul(g.t).map_or(g.cap, |f| f.min(g.cap));
+                out[0] = if fill == 0 { 0 } else { now + fill };
+            }
+            (Params::Fixed(w), _) => {
+                let units = old.outstanding(s, now).min(w.limit);
+                if units > 0 {
+                    out[0] = w.tag(now);
+                    out[1] = units;
+                }
+            }
+            (Params::Sliding(w), _) => {
+                let units = old.outstanding(s, now).min(w.limit);
+                if units > 0 {
+                    out[0] = w.tag(now);
+                    out[2] = units;
+                }
+            }
+        }
+        out
+    }
+
     pub(crate) fn refund(&self, s: &mut [u64], now: u64, cost: u64) {
         match &self.params {
             Params::Gcra(g) => s[0] = g.refund(s[0], cost),
             Params::Fixed(w) => w.refund_fixed(s, now, cost),
             Params::Sliding(w) => w.refund_sliding(s, now, cost),
         }
-    }
-}
-
-/// One or more limits that must all admit a request. See the [module docs](self).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Policy {
-    limits: Vec<Limit>,
-    offsets: [u8; MAX_LIMITS],
-    words: usize,
-}
-
-impl Policy {
-    /// A policy of one limit.
-    pub fn new(limit: Limit) -> Self {
-        Policy {
-            words: limit.params.words(),
-            limits: vec![limit],
-            offsets: [0; MAX_LIMITS],
-        }
-    }
-
-    /// A policy of several limits.
-    pub fn from_limits(limits: impl IntoIterator<Item = Limit>) -> Result<Self, ConfigError> {
-        let mut it = limits.into_iter();
-        let mut p = Policy::new(it.next().ok_or(ConfigError::NoLimits)?);
-        for l in it {
-            p = p.and(l)?;
-        }
-        Ok(p)
-    }
-
-    /// Adds a limit that must also admit every request.
-    pub fn and(mut self, limit: Limit) -> Result<Self, ConfigError> {
-        if self.limits.len() == MAX_LIMITS {
-            return Err(ConfigError::TooManyLimits(MAX_LIMITS + 1));
-        }
-        self.offsets[self.limits.len()] = self.words as u8;
-        self.words += limit.params.words();
-        self.limits.push(limit);
-        Ok(self)
-    }
-
-    /// The limits, in order.
-    pub fn limits(&self) -> &[Limit] {
-        &self.limits
-    }
-
-    /// How many `u64` words of state one key needs (all zero = fresh).
-    pub fn state_words(&self) -> usize {
-        self.words
-    }
-
-    /// Largest cost any request can ever be admitted with.
-    pub fn max_cost(&self) -> u64 {
-        self.limits.iter().map(Limit::max_cost).min().unwrap_or(0)
-    }
-
-    /// Whether the single limit is GCRA-based (one state word, lock-free in memory).
-    pub(crate) fn single_gcra(&self) -> Option<&Gcra> {
-        match (self.limits.len(), &self.limits[0].params) {
-            (1, Params::Gcra(g)) => Some(g),
-            _ => None,
-        }
-    }
-
-    fn slice<'a>(&self, s: &'a [u64], i: usize) -> &'a [u64] {
-        let off = self.offsets[i] as usize;
-        &s[off..off + self.limits[i].params.words()]
-    }
-
-    /// Evaluates every limit without writing. Returns the decision and, when admitted,
-    /// the new state.
-    pub(crate) fn eval(
-        &self,
-        state: &[u64],
-        now: u64,
-        cost: u64,
-    ) -> (Decision, Option<[u64; MAX_WORDS]>) {
-        debug_assert!(state.len() >= self.words);
-        let mut reports = [LimitReport::default(); MAX_LIMITS];
-        let mut next = [0u64; MAX_WORDS];
-        let mut wait = Duration::ZERO;
-        let mut retry: Option<Duration> = None;
-        let mut exceeds = false;
-        for (i, limit) in self.limits.iter().enumerate() {
-            let s = self.slice(state, i);
-            let (o, n, mut r) = limit.eval(s, now, cost);
-            r.index = i as u8;
-            reports[i] = r;
-            let off = self.offsets[i] as usize;
-            let k = limit.params.words();
-            match o {
-                Outcome::Allowed { wait: w } => {
-                    wait = wait.max(w);
-                    next[off..off + k].copy_from_slice(&n.unwrap_or_default()[..k]);
-                }
-                Outcome::Denied { retry_after } => {
-                    retry = Some(retry.map_or(retry_after, |r| r.max(retry_after)));
-                }
-                Outcome::Exceeds => exceeds = true,
-            }
-        }
-        let outcome = if exceeds {
-            Outcome::Exceeds
-        } else if let Some(retry_after) = retry {
-            Outcome::Denied { retry_after }
-        } else {
-            Outcome::Allowed { wait }
-        };
-        let admitted = matches!(outcome, Outcome::Allowed { .. });
-        if !admitted && self.limits.len() > 1 {
-            // Nothing is charged: limits that would have admitted report their state as is.
-            for (i, limit) in self.limits.iter().enumerate() {
-                if reports[i].allowed {
-                    reports[i] = LimitReport {
-                        index: i as u8,
-                        ..limit.eval(self.slice(state, i), now, 0).2
-                    };
-                }
-            }
-        }
-        let decision = Decision {
-            outcome,
-            source: crate::decision::Source::Local,
-            len: self.limits.len() as u8,
-            limits: reports,
-        };
-        (decision, admitted.then_some(next))
-    }
-
-    /// Decides and, when admitted, charges `cost` to `state` (all limits or none).
-    ///
-    /// `state` must hold at least [`Policy::state_words`] words; `now` is in nanoseconds
-    /// of any monotonic clock (the same one for every call on this state).
-    pub fn decide(&self, state: &mut [u64], now: u64, cost: u64) -> Decision {
-        let (d, next) = self.eval(state, now, cost);
-        if let Some(next) = next {
-            state[..self.words].copy_from_slice(&next[..self.words]);
-        }
-        d
-    }
-
-    /// Decides without charging anything: what [`Policy::decide`] would answer now.
-    pub fn peek(&self, state: &[u64], now: u64, cost: u64) -> Decision {
-        self.eval(state, now, cost).0
-    }
-
-    /// Gives back `cost` units to every limit (a queued request dropped before its slot).
-    pub fn refund(&self, state: &mut [u64], now: u64, cost: u64) {
-        for (i, limit) in self.limits.iter().enumerate() {
-            let off = self.offsets[i] as usize;
-            limit.refund(&mut state[off..off + limit.params.words()], now, cost);
-        }
-    }
-
-    /// Whether `state` is indistinguishable from a fresh key at `now` (so it may be
-    /// forgotten).
-    pub fn is_fresh(&self, state: &[u64], now: u64) -> bool {
-        self.limits
-            .iter()
-            .enumerate()
-            .all(|(i, l)| l.is_fresh(self.slice(state, i), now))
-    }
-
-    /// A stable identifier of the policy's parameters (not its names), used to namespace
-    /// shared-store keys so that instances configured alike share state.
-    pub fn fingerprint(&self) -> u64 {
-        // FNV-1a over the parameters: stable across processes and builds.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut mix = |v: u64| {
-            for b in v.to_le_bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-        };
-        for l in &self.limits {
-            match l.params {
-                Params::Gcra(g) => {
-                    mix(1);
-                    mix(g.t);
-                    mix(g.tau);
-                    mix(g.cap);
-                    mix(g.free);
-                }
-                Params::Fixed(w) => {
-                    mix(2);
-                    mix(w.w);
-                    mix(w.limit);
-                    mix(w.shift);
-                }
-                Params::Sliding(w) => {
-                    mix(3);
-                    mix(w.w);
-                    mix(w.limit);
-                    mix(w.shift);
-                }
-            }
-        }
-        h
-    }
-}
-
-impl From<Limit> for Policy {
-    fn from(limit: Limit) -> Self {
-        Policy::new(limit)
     }
 }

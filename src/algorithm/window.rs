@@ -50,7 +50,6 @@ impl Window {
     }
 
     /// The tag of the window `now` falls in (its index plus one).
-    #[cfg(feature = "redis")]
     pub(crate) fn tag(&self, now: u64) -> u64 {
         self.position(now).0
     }
@@ -183,6 +182,15 @@ impl Window {
             let retry = self.sliding_wait(prev, cur, e, cost);
             (allowed(false, retry), None, report(cur, false))
         }
+    }
+
+    /// The sliding estimate at `now`, rounded up to whole units.
+    pub(crate) fn sliding_outstanding(&self, s: &[u64], now: u64) -> u64 {
+        let (tag, e) = self.position(now);
+        let (prev, cur) = self.sliding_counts(s, tag);
+        let w = u128::from(self.w);
+        let weighted = (u128::from(prev) * (w - u128::from(e))).div_ceil(w);
+        weighted as u64 + cur
     }
 
     /// Whether fixed-window state is indistinguishable from a fresh key at `now`.

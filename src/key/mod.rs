@@ -67,6 +67,7 @@ mod client_ip;
 mod composite;
 mod extension;
 mod forwarded;
+mod head;
 mod header;
 mod peer_ip;
 mod route;
@@ -79,6 +80,7 @@ pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};
 pub use self::composite::{KeyExtractorExt, Or};
 pub use self::extension::{ExtensionKey, ExtensionMap};
+pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
@@ -86,6 +88,8 @@ pub use self::route::MatchedRoute;
 pub use self::route::{Global, MethodKey};
 
 use std::fmt;
+
+use crate::policy::{PolicyChoice, PolicySet};
 
 /// Reads the rate-limit key out of a request.
 ///
@@ -109,6 +113,16 @@ pub trait KeyExtractor<Req> {
     fn misconfiguration(&self, req: &Req) -> Option<&'static str> {
         let _ = req;
         None
+    }
+
+    /// Which policy of the layer's set applies to this request (`key` is `None` for a
+    /// keyless request the layer limits anyway). The default is the set's fallback; the
+    /// layers' `select` methods wrap an extractor in one that chooses (see
+    /// [`crate::policy`]).
+    #[inline]
+    fn policy(&self, req: &Req, key: Option<&Self::Key>, set: &PolicySet) -> PolicyChoice {
+        let _ = (req, key, set);
+        PolicyChoice::FALLBACK
     }
 }
 

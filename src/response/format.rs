@@ -10,7 +10,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
 };
 
-use crate::{Decision, Outcome, Policy};
+use crate::{decision::Outcome, Decision, Policy};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -55,29 +55,57 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
     }
 }
 
-/// Formats headers and bodies; everything static is formatted once, at build time.
-pub(crate) struct Responder {
-    ietf: bool,
-    legacy: bool,
-    problem: bool,
-    /// Formatted once per layer; every response carries a clone, which shares the bytes.
-    policy_value: HeaderValue,
-    prefixes: Vec<Vec<u8>>,
-    quotas: Vec<u64>,
-    bodies: Vec<Bytes>,
-    exceeds_bodies: Vec<Bytes>,
-    rejection: Option<Rejection>,
+/// The layer's choices for its responses (the same for every policy).
+pub(crate) struct Answers {
+    pub(crate) ietf: bool,
+    pub(crate) legacy: bool,
+    pub(crate) problem: bool,
+    pub(crate) rejection: Option<Rejection>,
 }
 
-impl fmt::Debug for Responder {
+impl fmt::Debug for Answers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Responder")
+        f.debug_struct("Answers")
             .field("ietf", &self.ietf)
             .field("legacy", &self.legacy)
             .field("problem", &self.problem)
-            .field("policy", &self.policy_value)
             .field("custom_rejection", &self.rejection.is_some())
             .finish()
+    }
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Answers {
+            ietf: true,
+            legacy: false,
+            problem: true,
+            rejection: None,
+        }
+    }
+}
+
+/// One policy's header values and bodies, formatted once when the policy is installed.
+/// Values that depend on which limits a key is shadowed from are kept per subset of the
+/// policy's limits (bit `i`: limit `i`), at most 16.
+pub(crate) struct Fields {
+    /// `RateLimit-Policy` for each subset of limits enforced for a key.
+    policy_values: Vec<HeaderValue>,
+    /// `"name";r=` of each limit.
+    prefixes: Vec<Vec<u8>>,
+    quotas: Vec<u64>,
+    /// Problem bodies by the subset of limits that refused.
+    bodies: Vec<Bytes>,
+    exceeds_bodies: Vec<Bytes>,
+    /// Every limit: the mask of a key shadowed from none.
+    all: usize,
+}
+
+impl fmt::Debug for Fields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fields")
+            .field("policy", &self.policy_values[self.all])
+            .finish_non_exhaustive()
     }
 }
 
@@ -88,6 +116,8 @@ pub(crate) struct ResponseHeaders {
     rate_limit: Option<HeaderValue>,
     policy: Option<HeaderValue>,
     legacy: Option<Box<[HeaderValue; 3]>>,
+    /// Headers a decision hook added, and the shadow header.
+    pub(crate) extra: Option<Box<HeaderMap>>,
 }
 
 impl ResponseHeaders {
@@ -109,6 +139,18 @@ impl ResponseHeaders {
                 headers.insert(&X_LIMIT, limit);
                 headers.insert(&X_REMAINING, remaining);
                 headers.insert(&X_RESET, reset);
+            }
+        }
+        if let Some(extra) = self.extra {
+            let mut last = None;
+            for (name, value) in *extra {
+                // A name comes with its first value only.
+                if let Some(n) = name {
+                    last = Some(n);
+                }
+                if let Some(n) = &last {
+                    headers.append(n.clone(), value);
+                }
             }
         }
     }
@@ -238,32 +280,25 @@ fn problem_body(
     Bytes::from(s)
 }
 
-impl Responder {
-    pub(crate) fn new(
-        policy: &Policy,
-        ietf: bool,
-        legacy: bool,
-        problem: bool,
-        rejection: Option<Rejection>,
-    ) -> Self {
+impl Fields {
+    pub(crate) fn new(policy: &Policy) -> Self {
         let limits = policy.limits();
-        let mut policy_value = Vec::new();
+        let mut items = Vec::new();
         let mut prefixes = Vec::new();
-        for (i, l) in limits.iter().enumerate() {
-            if i > 0 {
-                policy_value.extend_from_slice(b", ");
-            }
+        for l in limits {
             // q per w seconds; a sub-second or fractional period is scaled to whole seconds.
             let period = l.quota().period();
             let w = retry_after_secs(period).max(1);
             let q = ((l.quota().limit() as u128 * w as u128 * 1_000_000_000)
                 / period.as_nanos().max(1))
             .min(u64::MAX as u128) as u64;
-            sf_string(l.name(), &mut policy_value);
-            policy_value.extend_from_slice(b";q=");
-            push_u64(&mut policy_value, q.max(1));
-            policy_value.extend_from_slice(b";w=");
-            push_u64(&mut policy_value, w);
+            let mut item = Vec::new();
+            sf_string(l.name(), &mut item);
+            item.extend_from_slice(b";q=");
+            push_u64(&mut item, q.max(1));
+            item.extend_from_slice(b";w=");
+            push_u64(&mut item, w);
+            items.push(item);
             let mut prefix = Vec::new();
             sf_string(l.name(), &mut prefix);
             prefix.extend_from_slice(b";r=");
@@ -271,55 +306,61 @@ impl Responder {
         }
         let names: Vec<&str> = limits.iter().map(|l| l.name()).collect();
         let subsets = 1usize << limits.len();
-        let pick = |mask: usize| -> Vec<&str> {
-            (0..limits.len())
-                .filter(|i| mask & (1 << i) != 0)
-                .map(|i| names[i])
+        let pick = |mask: usize| -> Vec<usize> {
+            (0..limits.len()).filter(|i| mask & (1 << i) != 0).collect()
+        };
+        let policy_values = (0..subsets)
+            .map(|mask| {
+                let mut v = Vec::new();
+                for (n, i) in pick(mask).into_iter().enumerate() {
+                    if n > 0 {
+                        v.extend_from_slice(b", ");
+                    }
+                    v.extend_from_slice(&items[i]);
+                }
+                shared_value(v)
+            })
+            .collect();
+        let body = |detail: &str| {
+            (0..subsets)
+                .map(|mask| {
+                    let violated: Vec<&str> = pick(mask).into_iter().map(|i| names[i]).collect();
+                    problem_body(
+                        429,
+                        "Too Many Requests",
+                        detail,
+                        &violated,
+                        Some(QUOTA_EXCEEDED),
+                    )
+                })
                 .collect()
         };
-        let bodies = (0..subsets)
-            .map(|mask| {
-                problem_body(
-                    429,
-                    "Too Many Requests",
-                    "Request quota exceeded; retry after the number of seconds in Retry-After.",
-                    &pick(mask),
-                    Some(QUOTA_EXCEEDED),
-                )
-            })
-            .collect();
-        let exceeds_bodies = (0..subsets)
-            .map(|mask| {
-                problem_body(
-                    429,
-                    "Too Many Requests",
-                    "This request costs more than the quota can ever admit at once; retrying will not help.",
-                    &pick(mask),
-                    Some(QUOTA_EXCEEDED),
-                )
-            })
-            .collect();
-        Responder {
-            ietf,
-            legacy,
-            problem,
-            policy_value: shared_value(policy_value),
+        Fields {
+            policy_values,
             prefixes,
             quotas: limits.iter().map(|l| l.quota().limit()).collect(),
-            bodies,
-            exceeds_bodies,
-            rejection,
+            bodies: body("Request quota exceeded; retry after the number of seconds in Retry-After."),
+            exceeds_bodies: body(
+                "This request costs more than the quota can ever admit at once; retrying will not help.",
+            ),
+            all: subsets - 1,
         }
     }
 
-    /// The `RateLimit` field value for a decision: formatted on the stack, then copied
-    /// once into the header value (one allocation of the exact size).
-    pub(crate) fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
+    /// The `RateLimit` field value for a decision, over the limits in `mask`: formatted on
+    /// the stack, then copied once into the header value (one allocation of the exact
+    /// size).
+    pub(crate) fn rate_limit_value(&self, d: &Decision, mask: usize) -> HeaderValue {
         let mut buf = StackBuf::default();
+        let mut first = true;
         for (i, l) in d.limits().iter().enumerate() {
-            if i > 0 {
+            if mask & (1 << i) == 0 {
+                continue;
+            }
+            if !first {
                 buf.push(b", ");
             }
+            first = false;
             buf.push(&self.prefixes[i.min(self.prefixes.len() - 1)]);
             buf.push(itoa::Buffer::new().format(l.remaining()).as_bytes());
             buf.push(b";t=");
@@ -332,16 +373,26 @@ impl Responder {
         value_or_empty(buf.as_bytes())
     }
 
+    /// The limits a decision reports on: all but those in shadow for the key (a client is
+    /// not told of limits it is not held to).
+    #[inline]
+    fn mask(&self, shadow: u8) -> usize {
+        self.all & !usize::from(shadow)
+    }
+
     /// Headers for a response to a request with this decision.
-    pub(crate) fn headers(&self, d: &Decision) -> ResponseHeaders {
+    #[inline]
+    pub(crate) fn headers(&self, a: &Answers, d: &Decision, shadow: u8) -> ResponseHeaders {
         let mut h = ResponseHeaders::default();
-        if self.ietf {
-            h.policy = Some(self.policy_value.clone());
-            h.rate_limit = Some(self.rate_limit_value(d));
+        let mask = self.mask(shadow);
+        if a.ietf && mask != 0 {
+            h.policy = Some(self.policy_values[mask].clone());
+            h.rate_limit = Some(self.rate_limit_value(d, mask));
         }
-        if self.legacy {
+        if a.legacy {
             // The limit with the fewest units left binds.
-            if let Some(l) = d.limits().iter().min_by_key(|l| l.remaining()) {
+            let enforced = d.limits().iter().filter(|l| mask & (1 << l.index()) != 0);
+            if let Some(l) = enforced.min_by_key(|l| l.remaining()) {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default();
@@ -357,13 +408,19 @@ impl Responder {
         h
     }
 
+    /// The shadow header's value: the would-be refusal's `RateLimit` items.
+    pub(crate) fn shadow_value(&self, d: &Decision) -> HeaderValue {
+        let violated = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
+        self.rate_limit_value(d, violated)
+    }
+
     /// The refusal for a denied or exceeding decision.
-    pub(crate) fn refusal(&self, d: &Decision) -> Response<Bytes> {
-        let mut response = match &self.rejection {
+    pub(crate) fn refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
+        let mut response = match &a.rejection {
             Some(f) => f(d),
             None => {
                 let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
-                let body = if !self.problem {
+                let body = if !a.problem {
                     Bytes::new()
                 } else if matches!(d.outcome(), Outcome::Exceeds) {
                     self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone()
@@ -374,7 +431,7 @@ impl Responder {
                 *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
                 // Room for every header of a refusal, allocated once.
                 r.headers_mut().reserve(8);
-                if self.problem {
+                if a.problem {
                     r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 }
                 r
@@ -395,25 +452,47 @@ impl Responder {
             }
         }
         if !headers.contains_key(&RATELIMIT) {
-            self.headers(d).apply(headers);
+            self.headers(a, d, shadow).apply(headers);
         }
         response
     }
+}
 
-    /// A response of the middleware's own that is not a rate-limit refusal (no key under
-    /// `MissingKey::Reject`, a failed store under fail-closed).
-    pub(crate) fn plain(&self, status: StatusCode, detail: &str) -> Response<Bytes> {
-        let title = status.canonical_reason().unwrap_or("Error");
-        let typ = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(
-            "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
-        );
-        let body = problem_body(status.as_u16(), title, detail, &[], typ);
-        let mut r = Response::new(body);
-        *r.status_mut() = status;
-        r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-        r.headers_mut().insert(CACHE_CONTROL, NO_STORE);
-        r
-    }
+/// A response of the middleware's own that is not a rate-limit refusal (no key under
+/// `MissingKey::Reject`, a failed store under fail-closed).
+pub(crate) fn plain(status: StatusCode, detail: &str) -> Response<Bytes> {
+    let title = status.canonical_reason().unwrap_or("Error");
+    let typ = (status == StatusCode::SERVICE_UNAVAILABLE)
+        .then_some("https://iana.org/assignments/http-problem-types#temporary-reduced-capacity");
+    let body = problem_body(status.as_u16(), title, detail, &[], typ);
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    r.headers_mut().insert(CACHE_CONTROL, NO_STORE);
+    r
+}
+
+/// The standard refusal for `decision` under `policy`, as the HTTP layer answers it with
+/// its default settings: `429 Too Many Requests`, `Retry-After` rounded up, the IETF
+/// `RateLimit-Policy` / `RateLimit` fields, `Cache-Control: no-store` and a problem body
+/// of type `quota-exceeded` naming the violated limits. For handlers that decide by hand
+/// (with [`MemoryStore::check`](crate::store::MemoryStore::check), say).
+///
+/// ```
+/// use tollgate::{response, store::MemoryStore, Limit, Policy, Quota};
+///
+/// let policy = Policy::new(Limit::token_bucket(Quota::per_minute(1)?)?.named("login")?);
+/// let store = MemoryStore::new(policy.clone());
+/// assert!(store.check(&"alice", 1).is_allowed());
+/// let refused = store.check(&"alice", 1);
+/// let r = response::refusal(&refused, &policy);
+/// assert_eq!(r.status(), 429);
+/// assert_eq!(r.headers()["retry-after"], "60");
+/// assert_eq!(r.headers()["ratelimit"], "\"login\";r=0;t=60");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+pub fn refusal(decision: &Decision, policy: &Policy) -> Response<Bytes> {
+    Fields::new(policy).refusal(&Answers::default(), decision, 0)
 }
 
 #[cfg(test)]

@@ -16,5 +16,5 @@ mod body;
 mod format;
 
 pub use body::RateLimitBody;
-pub use format::{retry_after_secs, Rejection};
-pub(crate) use format::{Responder, ResponseHeaders};
+pub(crate) use format::{plain, Answers, Fields, ResponseHeaders};
+pub use format::{refusal, retry_after_secs, Rejection};

@@ -12,14 +12,16 @@ use std::{
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use super::{
-    map::{self, default_shards, Entry, KeyHasher, ShardInner, ShardedMap},
+    map::{self, default_shards, Both, Entry, KeyHasher, ShardInner, ShardedMap},
+    tags::Tags,
     CheckFuture, Store,
 };
 use crate::{
-    algorithm::{Gcra, MAX_WORDS},
+    algorithm::MAX_WORDS,
     clock::{Clock, TokioClock},
     decision::Decision,
     error::ConfigError,
+    observe::StoreMetrics,
     Policy,
 };
 
@@ -32,12 +34,17 @@ pub const DEFAULT_MAX_BYTES: usize = 32 << 20;
 ///   shard and, for a single GCRA-based limit (token bucket, leaky meter, leaky queue), one
 ///   compare-and-swap on one `u64`. Windows and multi-limit policies lock the key's own
 ///   small mutex instead. A refused request never writes.
+/// - **Policies.** [`MemoryStore::new`] takes the policy its own [`check`](Self::check),
+///   [`peek`](Self::peek) and [`refund`](Self::refund) apply; through the [`Store`] trait
+///   every call names its policy. A key has one state, tagged with the policy it was last
+///   written under; decided under another, it is carried over first (see
+///   [`crate::policy`]).
 /// - **Keys.** A key type that owns no heap memory (an IP address, an integer, `()`, a
 ///   tuple of those) is kept as it is. Any other (a `String`, a header value, a tuple with
-///   one) is kept as a 128-bit keyed SipHash-1-3 digest of its `Hash` output: 16 bytes
+///   one) is kept as a 96-bit keyed SipHash-1-3 digest of its `Hash` output: 12 bytes
 ///   whatever the key's length, and nothing of the request kept alive. Two such keys
 ///   share state only if their digests collide, which a keyed PRF makes a chance of about
-///   `n^2 / 2^129` for `n` keys held (below 10^-26 at a million keys), not something a
+///   `n^2 / 2^97` for `n` keys held (below 10^-17 at a million keys), not something a
 ///   client can aim for.
 /// - **Bounded memory, no sweeper task.** Memory is bounded in bytes
 ///   ([`MemoryStore::with_max_bytes`], default [`DEFAULT_MAX_BYTES`]): the tables'
@@ -52,9 +59,10 @@ pub const DEFAULT_MAX_BYTES: usize = 32 << 20;
 /// See the [module docs](super) for an example.
 pub struct MemoryStore<K, C = TokioClock> {
     policy: Policy,
-    gcra: Option<Gcra>,
     clock: C,
+    label: std::sync::Arc<str>,
     keys: Keys<K>,
+    tags: Tags,
 }
 
 /// How keys are kept: as they are, or as digests.
@@ -63,9 +71,10 @@ enum Keys<K> {
     Digest(Tables<Digest>, SipKeys),
 }
 
-/// A 128-bit keyed digest of a key's `Hash` output.
+/// A 96-bit keyed digest of a key's `Hash` output: twelve bytes, aligned to four, so that
+/// with its tag and state an entry takes 24 bytes.
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct Digest([u64; 2]);
+struct Digest([u32; 3]);
 
 /// The digest's random keys, drawn once per store.
 #[derive(Clone, Copy)]
@@ -84,26 +93,35 @@ impl SipKeys {
         let mut h = SipHasher13::new_with_keys(self.0, self.1);
         key.hash(&mut h);
         let d = h.finish128();
-        Digest([d.h1, d.h2])
+        Digest([(d.h1 >> 32) as u32, d.h1 as u32, d.h2 as u32])
     }
 }
 
 impl Digest {
     #[inline]
     fn hash(&self) -> u64 {
-        self.0[0]
+        u64::from(self.0[0]) << 32 | u64::from(self.0[1])
     }
 }
 
-/// One store's tables: a single GCRA limit keeps one atomic word per key, other policies a
-/// small locked state.
-enum Tables<S> {
-    Single(ShardedMap<(S, AtomicU64)>),
-    Multi(ShardedMap<(S, Mutex<Box<[u64]>>)>),
+/// A single GCRA limit's state: the key, the tag of the policy it was written under, the
+/// TAT.
+type One<S> = (S, u32, AtomicU64);
+/// Any other policy's state: the key, and under its lock the tag and the words.
+type Many<S> = (S, Mutex<(u32, Box<[u64]>)>);
+
+impl<S: Send + Sync> Entry for (S, u32, AtomicU64) {}
+impl<S: Send + Sync> Entry for (S, Mutex<(u32, Box<[u64]>)>) {
+    fn heap_bytes(&self) -> usize {
+        let words = self
+            .1
+            .lock()
+            .map_or_else(|e| e.into_inner().1.len(), |s| s.1.len());
+        map::allocation_bytes(words * 8)
+    }
 }
 
-impl<S: Send + Sync> Entry for (S, AtomicU64) {}
-impl<S: Send + Sync> Entry for (S, Mutex<Box<[u64]>>) {}
+type Tables<S> = ShardedMap<One<S>, Many<S>>;
 
 /// Counters of a [`MemoryStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -111,7 +129,7 @@ impl<S: Send + Sync> Entry for (S, Mutex<Box<[u64]>>) {}
 pub struct MemoryStats {
     /// Keys currently held.
     pub keys: usize,
-    /// Bytes held: the tables' allocations (at most the budget).
+    /// Bytes held: the tables' allocations and multi-limit states (at most the budget).
     pub bytes: usize,
     /// Keys dropped because their state was back to fresh (nothing lost).
     pub evicted_fresh: u64,
@@ -136,247 +154,249 @@ impl<K, C> fmt::Debug for MemoryStore<K, C> {
     }
 }
 
-impl<S: Send + Sync> Tables<S> {
-    fn new(policy: &Policy, max_bytes: usize) -> Result<Self, ConfigError> {
-        Ok(if policy.single_gcra().is_some() {
-            Tables::Single(ShardedMap::new(max_bytes, default_shards())?)
-        } else {
-            Tables::Multi(ShardedMap::new(max_bytes, default_shards())?)
+/// What a decision does once it has the key's state in hand.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Check,
+    Peek,
+    Refund,
+}
+
+/// A store and a policy: what every table operation needs.
+struct Ctx<'a> {
+    policy: &'a Policy,
+    tag: u32,
+    tags: &'a Tags,
+}
+
+impl Ctx<'_> {
+    /// `state` (written under `tag`) as this policy's state at `now`.
+    fn carry(&self, tag: u32, state: &[u64], now: u64) -> [u64; MAX_WORDS] {
+        self.tags.with(tag, |old| match old {
+            Some(old) => self.policy.carry_from(old, state, now),
+            None => [0; MAX_WORDS],
         })
     }
 }
 
-impl<S> Tables<S> {
-    fn budget(&self) -> usize {
-        match self {
-            Tables::Single(m) => m.budget(),
-            Tables::Multi(m) => m.budget(),
-        }
-    }
+/// How far a single-limit state is from fresh.
+fn residual_one<S>(now: u64) -> impl FnMut(&mut One<S>) -> u64 {
+    move |e| e.2.get_mut().saturating_sub(now)
+}
 
-    fn max_keys(&self) -> usize {
-        match self {
-            Tables::Single(m) => m.max_keys(),
-            Tables::Multi(m) => m.max_keys(),
-        }
-    }
-
-    fn stats(&self) -> MemoryStats {
-        let ((keys, bytes), ev) = match self {
-            Tables::Single(m) => (m.usage(), &m.evictions),
-            Tables::Multi(m) => (m.usage(), &m.evictions),
-        };
-        MemoryStats {
-            keys,
-            bytes,
-            evicted_fresh: ev.fresh.load(Ordering::Relaxed),
-            evicted_with_state: ev.with_state.load(Ordering::Relaxed),
-        }
+/// How far a multi-limit state is from fresh: 0 when fresh, else at least 1. A state
+/// written under a policy the store no longer knows counts as fresh.
+fn residual_many<'a, S>(tags: &'a Tags, now: u64) -> impl FnMut(&mut Many<S>) -> u64 + 'a {
+    move |e| {
+        let (tag, words) = e.1.get_mut().unwrap_or_else(PoisonError::into_inner);
+        tags.with(*tag, |policy| match policy {
+            None => 0,
+            Some(p) if p.is_fresh(words, now) => 0,
+            Some(p) => (p.peek(words, now, 0).reset_after().as_nanos() as u64).max(1),
+        })
     }
 }
 
 impl<S: Eq + Clone + Send + Sync> Tables<S> {
-    /// The check, with the clock read only once the key's state is in hand (see
+    /// The decision, with the clock read only once the key's state is in hand (see
     /// `Gcra::charge`).
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn check(
+    fn run(
         &self,
-        policy: &Policy,
-        gcra: Option<&Gcra>,
+        cx: &Ctx<'_>,
+        op: Op,
         key: &S,
         hash: u64,
         cost: u64,
         now: impl Fn() -> u64 + Copy,
-        rehash: impl Fn(&S) -> u64,
+        rehash: impl Fn(&S) -> u64 + Copy,
     ) -> Decision {
-        match (self, gcra) {
-            (Tables::Single(map), Some(g)) => {
-                // The hot path: a known key under a single GCRA limit. The decision is built
-                // once, here, straight into the caller's return slot.
+        match (cx.policy.single_gcra(), op) {
+            (Some(g), Op::Check) => {
+                // The hot path: a known key under a single GCRA limit, written under this
+                // same policy. The decision is built once, here, in the caller's slot.
                 let found = {
-                    let inner = map.read(hash);
+                    let inner = self.read(hash);
                     inner
-                        .table
-                        .find(hash, |e| e.0 == *key)
-                        .map(|e| g.charge(&e.1, now, cost))
+                        .one
+                        .find(hash, |e| e.0 == *key && e.1 == cx.tag)
+                        .map(|e| g.charge(&e.2, now, cost))
                 };
                 if let Some((outcome, report)) = found {
                     return Decision::single(outcome, report);
                 }
-                self.check_new(policy, gcra, key, hash, cost, now, rehash)
             }
-            (Tables::Multi(map), _) => {
-                if let Some(d) = Self::update_many(policy, &map.read(hash), key, hash, cost, now) {
+            (None, Op::Check) => {
+                let inner = self.read(hash);
+                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                    p.decide(s, now, cost)
+                }) {
                     return d;
                 }
-                self.check_new(policy, gcra, key, hash, cost, now, rehash)
             }
-            // Tables are built for the store's policy: single only with one GCRA limit.
-            (Tables::Single(_), None) => policy.eval(&[0; MAX_WORDS], now(), cost).0,
+            (_, Op::Peek) => {
+                let inner = self.read(hash);
+                if let Some(e) = inner.one.find(hash, |e| e.0 == *key && e.1 == cx.tag) {
+                    let tat = e.2.load(Ordering::Acquire);
+                    return cx.policy.peek(&[tat], now(), cost);
+                }
+                if let Some(d) =
+                    Self::in_many(cx, &inner, key, hash, now, |p, s, now| p.peek(s, now, cost))
+                {
+                    return d;
+                }
+            }
+            (g, Op::Refund) => {
+                let inner = self.read(hash);
+                if let (Some(g), Some(e)) =
+                    (g, inner.one.find(hash, |e| e.0 == *key && e.1 == cx.tag))
+                {
+                    let _ = e.2.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                        Some(g.refund(t, cost))
+                    });
+                    return Decision::without_state(
+                        crate::decision::Outcome::Allowed {
+                            wait: std::time::Duration::ZERO,
+                        },
+                        crate::decision::Source::Local,
+                        1,
+                    );
+                }
+                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                    // The window the charge is in is decided under the key's lock.
+                    p.refund(s, now, cost);
+                    p.peek(s, now, 0)
+                }) {
+                    return d;
+                }
+            }
         }
+        self.run_cold(cx, op, key, hash, cost, now, rehash)
     }
 
+    /// A multi-limit state written under this policy, updated under its lock.
     #[inline]
-    fn update_many(
-        policy: &Policy,
-        inner: &ShardInner<(S, Mutex<Box<[u64]>>)>,
+    fn in_many(
+        cx: &Ctx<'_>,
+        inner: &ShardInner<One<S>, Many<S>>,
         key: &S,
         hash: u64,
-        cost: u64,
         now: impl Fn() -> u64,
+        f: impl FnOnce(&Policy, &mut [u64], u64) -> Decision,
     ) -> Option<Decision> {
-        let cell = &inner.table.find(hash, |e| e.0 == *key)?.1;
+        let cell = &inner.many.find(hash, |e| e.0 == *key)?.1;
         let mut s = cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.0 != cx.tag {
+            return None;
+        }
         // Under the key's lock, so no state written with a later clock is seen.
-        Some(policy.decide(&mut s, now(), cost))
+        Some(f(cx.policy, &mut s.1, now()))
     }
 
+    /// Every other case, under the shard's write lock: a key not known yet, known under
+    /// another policy (its state carried over first), or in the other table.
     #[cold]
     #[allow(clippy::too_many_arguments)]
-    fn check_new(
+    fn run_cold(
         &self,
-        policy: &Policy,
-        gcra: Option<&Gcra>,
+        cx: &Ctx<'_>,
+        op: Op,
         key: &S,
         hash: u64,
         cost: u64,
         now: impl Fn() -> u64 + Copy,
-        rehash: impl Fn(&S) -> u64,
+        rehash: impl Fn(&S) -> u64 + Copy,
     ) -> Decision {
-        // Unknown key: a cost no fresh bucket admits is refused without a write (and
-        // without the write lock).
-        if policy.max_cost() < cost {
+        let policy = cx.policy;
+        // A cost no fresh bucket admits is refused without a write (and without the
+        // write lock), whatever the key's state.
+        if op == Op::Check && policy.max_cost() < cost {
             return policy.eval(&[0; MAX_WORDS], now(), cost).0;
         }
-        match self {
-            Tables::Single(map) => {
-                let mut inner = map.write(hash);
-                if let (Some(e), Some(g)) = (inner.table.find(hash, |e| e.0 == *key), gcra) {
-                    // Inserted meanwhile by another thread.
-                    let (outcome, report) = g.charge(&e.1, now, cost);
-                    return Decision::single(outcome, report);
-                }
-                let now = now();
-                let (decision, next) = policy.eval(&[0; MAX_WORDS], now, cost);
-                if let Some(next) = next.filter(|n| !policy.is_fresh(n, now)) {
-                    let entry = (key.clone(), AtomicU64::new(next[0]));
-                    map.insert(
-                        &mut inner,
-                        hash,
-                        entry,
-                        |e| rehash(&e.0),
-                        |e: &mut (S, AtomicU64)| e.1.get_mut().saturating_sub(now),
-                    );
-                }
-                decision
-            }
-            Tables::Multi(map) => {
-                let mut inner = map.write(hash);
-                if let Some(d) = Self::update_many(policy, &inner, key, hash, cost, now) {
-                    return d;
-                }
-                let now = now();
-                let (decision, next) = policy.eval(&[0; MAX_WORDS], now, cost);
-                if let Some(next) = next.filter(|n| !policy.is_fresh(n, now)) {
-                    let words = next[..policy.state_words()].into();
-                    map.insert(
-                        &mut inner,
-                        hash,
-                        (key.clone(), Mutex::new(words)),
-                        |e| rehash(&e.0),
-                        |e: &mut (S, Mutex<Box<[u64]>>)| residual_many(policy, e.1.get_mut(), now),
-                    );
-                }
-                decision
-            }
+        if op == Op::Peek {
+            // A look changes nothing: the state as this policy would see it.
+            let inner = self.read(hash);
+            let now = now();
+            let state = Self::current(cx, &inner, key, hash, now).map_or([0; MAX_WORDS], |s| s.0);
+            return policy.peek(&state, now, cost);
         }
+        let mut inner = self.write(hash);
+        let now = now();
+        // The key's state as this policy's, taken out of its table (or fresh).
+        let found = Self::current(cx, &inner, key, hash, now);
+        let known = found.is_some();
+        let mut state = found.map_or([0; MAX_WORDS], |s| s.0);
+        if let Ok(e) = inner.one.find_entry(hash, |e| e.0 == *key) {
+            e.remove();
+            self.removed(&mut inner, 0);
+        } else if let Ok(e) = inner.many.find_entry(hash, |e| e.0 == *key) {
+            let ((_, cell), _) = e.remove();
+            let (_, words) = cell.into_inner().unwrap_or_else(PoisonError::into_inner);
+            self.removed(&mut inner, map::allocation_bytes(words.len() * 8));
+        }
+        let decision = match op {
+            Op::Check => policy.decide(&mut state, now, cost),
+            Op::Peek => policy.peek(&state, now, cost),
+            Op::Refund => {
+                policy.refund(&mut state, now, cost);
+                policy.peek(&state, now, 0)
+            }
+        };
+        // A state back to fresh is not stored; nor is an unknown key merely looked at.
+        if policy.is_fresh(&state, now) || (!known && op != Op::Check) {
+            return decision;
+        }
+        let residuals = Both(residual_one::<S>(now), residual_many::<S>(cx.tags, now));
+        if policy.single_gcra().is_some() {
+            let entry = (key.clone(), cx.tag, AtomicU64::new(state[0]));
+            self.insert_one(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
+        } else {
+            let words: Box<[u64]> = state[..policy.state_words()].into();
+            let entry = (key.clone(), Mutex::new((cx.tag, words)));
+            self.insert_many(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
+        }
+        decision
     }
 
-    /// The peek, with the clock read once the key's state is in hand (as in `check`).
-    fn peek(
-        &self,
-        policy: &Policy,
+    /// The key's state from either table, as this policy's state at `now`.
+    fn current(
+        cx: &Ctx<'_>,
+        inner: &ShardInner<One<S>, Many<S>>,
         key: &S,
         hash: u64,
-        cost: u64,
-        now: impl Fn() -> u64,
-    ) -> Decision {
-        match self {
-            Tables::Single(map) => {
-                let inner = map.read(hash);
-                let tat = inner
-                    .table
-                    .find(hash, |e| e.0 == *key)
-                    .map_or(0, |e| e.1.load(Ordering::Acquire));
-                policy.peek(&[tat], now(), cost)
-            }
-            Tables::Multi(map) => {
-                let inner = map.read(hash);
-                if let Some(e) = inner.table.find(hash, |e| e.0 == *key) {
-                    let s = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-                    policy.peek(&s, now(), cost)
-                } else {
-                    policy.peek(&[0; MAX_WORDS], now(), cost)
-                }
-            }
+        now: u64,
+    ) -> Option<([u64; MAX_WORDS],)> {
+        if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
+            let tat = e.2.load(Ordering::Acquire);
+            let mut s = [0; MAX_WORDS];
+            s[0] = tat;
+            return Some((if e.1 == cx.tag {
+                s
+            } else {
+                cx.carry(e.1, &s, now)
+            },));
         }
+        let e = inner.many.find(hash, |e| e.0 == *key)?;
+        let cell = e.1.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tag, words) = (&cell.0, &cell.1);
+        let mut s = [0; MAX_WORDS];
+        s[..words.len()].copy_from_slice(words);
+        Some((if *tag == cx.tag {
+            s
+        } else {
+            cx.carry(*tag, &s, now)
+        },))
     }
 
-    fn refund(
-        &self,
-        policy: &Policy,
-        gcra: Option<&Gcra>,
-        key: &S,
-        hash: u64,
-        cost: u64,
-        now: impl Fn() -> u64,
-    ) {
-        match (self, gcra) {
-            (Tables::Single(map), Some(g)) => {
-                let inner = map.read(hash);
-                if let Some(e) = inner.table.find(hash, |e| e.0 == *key) {
-                    let _ = e.1.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                        Some(g.refund(t, cost))
-                    });
-                }
-            }
-            (Tables::Multi(map), _) => {
-                let inner = map.read(hash);
-                if let Some(e) = inner.table.find(hash, |e| e.0 == *key) {
-                    let mut s = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-                    // The window the charge is in is decided under the key's lock.
-                    policy.refund(&mut s, now(), cost);
-                }
-            }
-            (Tables::Single(_), None) => {}
+    fn stats(&self) -> MemoryStats {
+        let (keys, bytes) = self.usage();
+        MemoryStats {
+            keys,
+            bytes,
+            evicted_fresh: self.evictions.fresh.load(Ordering::Relaxed),
+            evicted_with_state: self.evictions.with_state.load(Ordering::Relaxed),
         }
-    }
-
-    fn sweep(&self, policy: &Policy, now: u64) {
-        match self {
-            Tables::Single(map) => {
-                map.sweep(|e: &mut (S, AtomicU64)| e.1.get_mut().saturating_sub(now))
-            }
-            Tables::Multi(map) => map
-                .sweep(|e: &mut (S, Mutex<Box<[u64]>>)| residual_many(policy, e.1.get_mut(), now)),
-        }
-    }
-}
-
-/// How far a multi-limit state is from fresh: 0 when fresh, else the time until every
-/// limit is restored (at least 1).
-fn residual_many(
-    policy: &Policy,
-    state: Result<&mut Box<[u64]>, PoisonError<&mut Box<[u64]>>>,
-    now: u64,
-) -> u64 {
-    let s = state.unwrap_or_else(PoisonError::into_inner);
-    if policy.is_fresh(s, now) {
-        0
-    } else {
-        let d = policy.peek(s, now, 0);
-        (d.reset_after().as_nanos() as u64).max(1)
     }
 }
 
@@ -386,7 +406,8 @@ impl<K, C> MemoryStore<K, C> {
         &self.clock
     }
 
-    /// The policy.
+    /// The policy of the store's own [`check`](Self::check), [`peek`](Self::peek) and
+    /// [`refund`](Self::refund).
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
@@ -399,7 +420,7 @@ impl<K, C> MemoryStore<K, C> {
         }
     }
 
-    /// The most keys the budget can hold at once.
+    /// The most keys of a single GCRA limit the budget can hold at once.
     pub fn max_keys(&self) -> usize {
         match &self.keys {
             Keys::Inline(t, _) => t.max_keys(),
@@ -409,27 +430,46 @@ impl<K, C> MemoryStore<K, C> {
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static> MemoryStore<K, TokioClock> {
-    /// A store for `policy` on tokio's clock (so paused-time tests drive it) with the
-    /// default memory budget ([`DEFAULT_MAX_BYTES`]).
+    /// A store whose own methods apply `policy`, on tokio's clock (so paused-time tests
+    /// drive it) with the default memory budget ([`DEFAULT_MAX_BYTES`]).
     pub fn new(policy: impl Into<Policy>) -> Self {
         let policy = policy.into();
-        Self::build(policy, TokioClock::new(), DEFAULT_MAX_BYTES)
-            .expect("the default budget holds keys of any type")
+        Self::build(
+            policy,
+            TokioClock::new(),
+            DEFAULT_MAX_BYTES,
+            "memory".into(),
+        )
+        .expect("the default budget holds keys of any type")
     }
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
-    fn build(policy: Policy, clock: C, max_bytes: usize) -> Result<Self, ConfigError> {
+    fn build(
+        policy: Policy,
+        clock: C,
+        max_bytes: usize,
+        label: std::sync::Arc<str>,
+    ) -> Result<Self, ConfigError> {
+        let shards = default_shards();
+        let metrics = StoreMetrics::new(&label);
         let keys = if std::mem::needs_drop::<K>() {
-            Keys::Digest(Tables::new(&policy, max_bytes)?, SipKeys::random())
+            Keys::Digest(
+                ShardedMap::new(max_bytes, shards, metrics)?,
+                SipKeys::random(),
+            )
         } else {
-            Keys::Inline(Tables::new(&policy, max_bytes)?, KeyHasher::default())
+            Keys::Inline(
+                ShardedMap::new(max_bytes, shards, metrics)?,
+                KeyHasher::default(),
+            )
         };
         Ok(MemoryStore {
-            gcra: policy.single_gcra().copied(),
             policy,
             clock,
+            label,
             keys,
+            tags: Tags::new(),
         })
     }
 
@@ -440,59 +480,61 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     ///
     /// [`ConfigError::Store`] when the budget cannot hold a single key.
     pub fn with_max_bytes(self, max_bytes: usize) -> Result<Self, ConfigError> {
-        MemoryStore::build(self.policy, self.clock, max_bytes)
+        MemoryStore::build(self.policy, self.clock, max_bytes, self.label)
+    }
+
+    /// Names the store in metrics (`tollgate.store`, default `memory`; a layer names the
+    /// store it builds after itself). Keys held so far are dropped.
+    pub fn with_label(self, label: &str) -> Self {
+        let max = self.max_bytes();
+        MemoryStore::build(self.policy, self.clock, max, label.into())
+            .expect("the budget held keys before")
     }
 
     /// Uses another clock (a [`crate::clock::ManualClock`] in tests). Keys held so far are
     /// dropped.
     pub fn with_clock<C2: Clock>(self, clock: C2) -> MemoryStore<K, C2> {
         let max = self.max_bytes();
-        MemoryStore::build(self.policy, clock, max).expect("the budget held keys before")
+        MemoryStore::build(self.policy, clock, max, self.label)
+            .expect("the budget held keys before")
     }
 
-    /// Decides for `key` at the clock's now and charges `cost` when admitted.
     #[inline]
-    pub fn check(&self, key: &K, cost: u64) -> Decision {
+    fn run(&self, op: Op, key: &K, policy: &Policy, cost: u64) -> Decision {
+        let cx = Ctx {
+            policy,
+            tag: self.tags.tag(policy),
+            tags: &self.tags,
+        };
         let now = || self.clock.now();
-        let (policy, gcra) = (&self.policy, self.gcra.as_ref());
         match &self.keys {
-            Keys::Inline(t, h) => {
-                t.check(policy, gcra, key, map::hash_of(h, key), cost, now, |k| {
-                    map::hash_of(h, k)
-                })
-            }
+            Keys::Inline(t, h) => t.run(&cx, op, key, map::hash_of(h, key), cost, now, |k| {
+                map::hash_of(h, k)
+            }),
             Keys::Digest(t, sip) => {
                 let d = sip.digest(key);
-                t.check(policy, gcra, &d, d.hash(), cost, now, Digest::hash)
+                t.run(&cx, op, &d, d.hash(), cost, now, Digest::hash)
             }
         }
+    }
+
+    /// Decides for `key` under the store's policy at the clock's now and charges `cost`
+    /// when admitted.
+    #[inline]
+    pub fn check(&self, key: &K, cost: u64) -> Decision {
+        self.run(Op::Check, key, &self.policy, cost)
     }
 
     /// Decides without charging: what [`MemoryStore::check`] would answer now. A cost of 0
     /// reports the key's state as it is.
     #[inline]
     pub fn peek(&self, key: &K, cost: u64) -> Decision {
-        let now = || self.clock.now();
-        match &self.keys {
-            Keys::Inline(t, h) => t.peek(&self.policy, key, map::hash_of(h, key), cost, now),
-            Keys::Digest(t, sip) => {
-                let d = sip.digest(key);
-                t.peek(&self.policy, &d, d.hash(), cost, now)
-            }
-        }
+        self.run(Op::Peek, key, &self.policy, cost)
     }
 
     /// Gives back `cost` units charged to `key` (a queued request dropped before its slot).
     pub fn refund(&self, key: &K, cost: u64) {
-        let now = || self.clock.now();
-        let (policy, gcra) = (&self.policy, self.gcra.as_ref());
-        match &self.keys {
-            Keys::Inline(t, h) => t.refund(policy, gcra, key, map::hash_of(h, key), cost, now),
-            Keys::Digest(t, sip) => {
-                let d = sip.digest(key);
-                t.refund(policy, gcra, &d, d.hash(), cost, now)
-            }
-        }
+        self.run(Op::Refund, key, &self.policy, cost);
     }
 
     /// Keys and bytes held, and eviction counters.
@@ -517,9 +559,13 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     /// (inserts sweep as they go); useful before measuring.
     pub fn sweep(&self) {
         let now = self.clock.now();
+        let r = &self.tags;
         match &self.keys {
-            Keys::Inline(t, _) => t.sweep(&self.policy, now),
-            Keys::Digest(t, _) => t.sweep(&self.policy, now),
+            Keys::Inline(t, _) => t.sweep(Both(residual_one::<K>(now), residual_many::<K>(r, now))),
+            Keys::Digest(t, _) => t.sweep(Both(
+                residual_one::<Digest>(now),
+                residual_many::<Digest>(r, now),
+            )),
         }
     }
 }
@@ -529,26 +575,26 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    fn policy(&self) -> &Policy {
-        &self.policy
+    fn default_policy(&self) -> Option<Policy> {
+        Some(self.policy.clone())
     }
 
     #[inline]
-    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.check(key, cost)))
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.run(Op::Check, key, policy, cost)))
     }
 
-    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.peek(key, cost)))
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.run(Op::Peek, key, policy, cost)))
     }
 
     #[inline]
-    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
-        Some(self.check(key, cost))
+    fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.run(Op::Check, key, policy, cost))
     }
 
-    fn refund(&self, key: &K, cost: u64) {
-        MemoryStore::refund(self, key, cost);
+    fn refund(&self, key: &K, policy: &Policy, cost: u64) {
+        self.run(Op::Refund, key, policy, cost);
     }
 }
 
@@ -575,5 +621,34 @@ mod tests {
         }
         assert!(!s.check(&"k17".to_owned(), 1).is_allowed());
         assert_eq!(s.len(), 10_000);
+    }
+
+    /// A key moves between the tables as its policy changes, its state carried over.
+    #[test]
+    fn a_key_keeps_its_state_across_policies_and_tables() {
+        let free = Policy::new(Limit::token_bucket(Quota::per_minute(10).unwrap()).unwrap());
+        let pro = Policy::new(Limit::token_bucket(Quota::per_minute(100).unwrap()).unwrap());
+        let daily = Limit::fixed_window(Quota::per_day(1000).unwrap()).unwrap();
+        let pro_daily = Policy::from_limits([
+            Limit::token_bucket(Quota::per_minute(100).unwrap()).unwrap(),
+            daily,
+        ])
+        .unwrap();
+        let s = MemoryStore::<u32, _>::new(free.clone()).with_clock(ManualClock::at(
+            std::time::Duration::from_secs(1_700_000_000),
+        ));
+        for _ in 0..4 {
+            assert!(s.check(&7, 1).is_allowed());
+        }
+        let decide = |p: &Policy| s.run(Op::Check, &7, p, 1);
+        // 4 spent of 10; under pro, 4 of 100 stay spent: 95 left after this one.
+        assert_eq!(decide(&pro).remaining(), 95);
+        // Into the multi-limit table: the bucket's 5 carry, the new daily window starts.
+        let d = decide(&pro_daily);
+        assert_eq!(d.limits()[0].remaining(), 94);
+        assert_eq!(d.limits()[1].remaining(), 999);
+        assert_eq!(s.len(), 1, "one state per key");
+        // Back under free: 6 units outstanding, so 4 left.
+        assert_eq!(decide(&free).remaining(), 3);
     }
 }

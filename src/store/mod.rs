@@ -1,6 +1,6 @@
 //! Where per-key state lives: the [`Store`] trait and the built-in [`MemoryStore`].
 //!
-//! A store is bound to one [`Policy`] and answers "may this key spend `cost` now?". The
+//! A store answers "may this key spend `cost` now, under this [`Policy`]?". The
 //! in-memory store answers synchronously (its [`CheckFuture`] is ready at once and never
 //! allocates); a network store (Redis, feature `redis`) answers asynchronously behind the
 //! same named future type.
@@ -21,6 +21,7 @@ pub(crate) mod map;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub(crate) mod tags;
 
 use std::{
     fmt,
@@ -39,31 +40,45 @@ pub use memory::{MemoryStats, MemoryStore, DEFAULT_MAX_BYTES};
 
 use crate::{decision::Decision, error::StoreError, Policy};
 
-/// A keyed, policy-bound rate-limit state. See the [module docs](self).
+/// Where per-key state lives: decides for a key under a policy. See the
+/// [module docs](self).
 ///
-/// The middleware calls it; a store's own synchronous methods (such as
-/// [`MemoryStore::check`]) have other names, so importing this trait never changes what a
-/// method call means.
+/// Every call names its policy: a layer picks one per request (plans) and swaps them while
+/// requests flow, and a key keeps one state across them (see [`crate::policy`]). The
+/// middleware calls this trait; a store's own convenience methods (such as
+/// [`MemoryStore::check`]) have other names, so importing it never changes what a method
+/// call means.
 pub trait Store<K>: Send + Sync + 'static {
-    /// The policy this store enforces.
-    fn policy(&self) -> &Policy;
+    /// Whether this store can decide `policy` exactly (a network store may refuse some
+    /// quotas). Layers call it for every policy when they are built and when their
+    /// policies are swapped; the default accepts every policy.
+    fn supports(&self, policy: &Policy) -> Result<(), crate::ConfigError> {
+        let _ = policy;
+        Ok(())
+    }
 
-    /// Decides for `key` and charges `cost` when admitted.
-    fn decide(&self, key: &K, cost: u64) -> CheckFuture;
+    /// The policy the store was built for, if any: what a layer given no limit of its own
+    /// applies ([`Builder::build_with`](crate::Builder::build_with)).
+    fn default_policy(&self) -> Option<Policy> {
+        None
+    }
 
-    /// Decides for `key` without charging anything.
-    fn preview(&self, key: &K, cost: u64) -> CheckFuture;
+    /// Decides for `key` under `policy` and charges `cost` when admitted.
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture;
+
+    /// Decides for `key` under `policy` without charging anything.
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture;
 
     /// Decides and charges at once, when the store can without I/O (the memory store
     /// always can). `None`: use [`Store::decide`]. The middleware tries this first.
-    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
-        let _ = (key, cost);
+    fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
+        let _ = (key, policy, cost);
         None
     }
 
     /// Gives back `cost` units charged earlier (a queued request dropped before its slot).
     /// Best effort: a network store sends it in the background.
-    fn refund(&self, key: &K, cost: u64);
+    fn refund(&self, key: &K, policy: &Policy, cost: u64);
 }
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
@@ -95,6 +110,15 @@ impl CheckFuture {
     {
         CheckFuture {
             inner: CheckInner::Boxed(Box::pin(future)),
+        }
+    }
+
+    /// The decision of a future that is ready with one.
+    #[cfg(feature = "redis")]
+    pub(crate) fn take_ready_now(mut self) -> Option<Decision> {
+        match self.take_ready() {
+            Some(Ok(d)) => Some(d),
+            _ => None,
         }
     }
 
@@ -134,19 +158,22 @@ impl Future for CheckFuture {
 }
 
 impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
-    fn policy(&self) -> &Policy {
-        (**self).policy()
+    fn supports(&self, policy: &Policy) -> Result<(), crate::ConfigError> {
+        (**self).supports(policy)
     }
-    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
-        (**self).decide(key, cost)
+    fn default_policy(&self) -> Option<Policy> {
+        (**self).default_policy()
     }
-    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
-        (**self).preview(key, cost)
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        (**self).decide(key, policy, cost)
     }
-    fn refund(&self, key: &K, cost: u64) {
-        (**self).refund(key, cost)
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        (**self).preview(key, policy, cost)
     }
-    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
-        (**self).decide_now(key, cost)
+    fn refund(&self, key: &K, policy: &Policy, cost: u64) {
+        (**self).refund(key, policy, cost)
+    }
+    fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
+        (**self).decide_now(key, policy, cost)
     }
 }

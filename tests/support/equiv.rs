@@ -10,8 +10,9 @@ use std::{
 use proptest::{prelude::*, test_runner::TestCaseError};
 use tollgate::{
     clock::{Clock, ManualClock},
-    store::{MemoryStore, RedisConnection, RedisStore, Store},
-    Limit, Policy, Quota, Source,
+    decision::Source,
+    store::{MemoryStore, RedisConnection, RedisStore},
+    Limit, Policy, Quota,
 };
 
 pub fn limit_strategy() -> impl Strategy<Value = Limit> {
@@ -73,7 +74,7 @@ pub async fn compare(
         let now = clock.now();
         match op {
             0..=6 => {
-                let r = store.decide(&key, cost).await.unwrap();
+                let r = store.check(&key, cost).await.unwrap();
                 let m = mem.check(&key, cost).with_source(Source::Store);
                 prop_assert_eq!(
                     r,
@@ -86,7 +87,7 @@ pub async fn compare(
                 );
             }
             7 | 8 => {
-                let r = store.preview(&key, cost).await.unwrap();
+                let r = store.peek(&key, cost).await.unwrap();
                 let m = mem.peek(&key, cost).with_source(Source::Store);
                 prop_assert_eq!(r, m, "peek #{} cost {}\npolicy {:?}", i, cost, policy);
             }

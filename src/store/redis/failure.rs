@@ -14,17 +14,17 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Admit every request ([`Source::FailOpen`](crate::Source::FailOpen)). No limiting
+    /// Admit every request ([`Source::FailOpen`](crate::decision::Source::FailOpen)). No limiting
     /// at all while Redis is down: a slow or failing store then stops limiting altogether.
     FailOpen,
     /// Refuse every request with this retry-after
-    /// ([`Source::FailClosed`](crate::Source::FailClosed)).
+    /// ([`Source::FailClosed`](crate::decision::Source::FailClosed)).
     FailClosed {
         /// The retry-after of the refusals.
         retry_after: Duration,
     },
     /// Decide from a per-instance in-memory store with the same algorithms at `share` of
-    /// each quota ([`Source::Fallback`](crate::Source::Fallback)). With `N` instances,
+    /// each quota ([`Source::Fallback`](crate::decision::Source::Fallback)). With `N` instances,
     /// `share = 1.0 / N` keeps the fleet near the shared limit. The default, with
     /// `share = 1.0`.
     ///

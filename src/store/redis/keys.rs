@@ -1,9 +1,9 @@
-//! Redis key names: `{namespace}:v3:{fingerprint}:{material}` with the material in braces
+//! Redis key names: `{namespace}:v3:{material}` with the material in braces
 //! (the cluster hash tag). The material is the SHA-1 of the key's bytes in hex, so a key
 //! name shows no client's API key or address; in readable mode (for debugging) short
 //! printable keys are written as they are.
 
-use crate::{error::ConfigError, store::KeyBytes, Policy};
+use crate::{error::ConfigError, store::KeyBytes};
 
 /// Key material longer than this is hashed.
 pub(super) const MAX_RAW: usize = 64;
@@ -29,9 +29,10 @@ pub(super) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The key prefix of one policy: `{namespace}:v3:{fingerprint as 16 hex digits}:{`.
-pub(super) fn prefix(namespace: &str, policy: &Policy) -> Vec<u8> {
-    format!("{namespace}:v3:{:016x}:{{", policy.fingerprint()).into_bytes()
+/// The key prefix: `{namespace}:v3:{`. A key's state is one Redis key under every policy
+/// (the state says which limits wrote it).
+pub(super) fn prefix(namespace: &str) -> Vec<u8> {
+    format!("{namespace}:v3:{{").into_bytes()
 }
 
 /// The full Redis key of `key` under `prefix`: hashed, or in `readable` mode as it is when
@@ -55,27 +56,19 @@ pub(super) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Limit, Quota};
-
-    fn policy() -> Policy {
-        Policy::new(Limit::token_bucket(Quota::per_second(10).unwrap()).unwrap())
-    }
 
     #[test]
     fn layout() {
-        let p = prefix("tollgate", &policy());
+        let p = prefix("tollgate");
         let k = String::from_utf8(redis_key(&p, "192.0.2.1", true)).unwrap();
-        assert_eq!(
-            k,
-            format!("tollgate:v3:{:016x}:{{192.0.2.1}}", policy().fingerprint())
-        );
+        assert_eq!(k, "tollgate:v3:{192.0.2.1}");
     }
 
     /// Regression: API keys were written into Redis key names as they were, readable with
     /// `SCAN` and `MONITOR`.
     #[test]
     fn key_material_is_hashed_by_default() {
-        let p = prefix("tollgate", &policy());
+        let p = prefix("tollgate");
         let k = String::from_utf8(redis_key(&p, "sk_live_abc123", false)).unwrap();
         assert!(!k.contains("sk_live_abc123"), "{k}");
         assert!(k.ends_with(&format!(
@@ -86,7 +79,7 @@ mod tests {
 
     #[test]
     fn long_or_binary_material_is_hashed() {
-        let p = prefix("t", &policy());
+        let p = prefix("t");
         let long = "x".repeat(65);
         let k = String::from_utf8(redis_key(&p, long.as_str(), true)).unwrap();
         assert!(k.ends_with('}') && k.contains(":{#"), "{k}");

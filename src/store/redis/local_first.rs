@@ -17,10 +17,12 @@ use super::{
 use crate::{
     algorithm::{Params, MAX_WORDS},
     clock::{Clock, TokioClock},
-    decision::{Decision, Source},
+    decision::Decision,
     error::{ConfigError, StoreError},
+    observe::StoreMetrics,
     store::{
-        map::{self, allocation_bytes, default_shards, KeyHasher, Residual, ShardedMap},
+        map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
+        tags::Tags,
         CheckFuture, KeyBytes, Store,
     },
     Policy,
@@ -32,6 +34,8 @@ const CONCURRENCY: usize = 16;
 struct Entry {
     /// The Redis key.
     key: Box<[u8]>,
+    /// The policy the state is for (see `store::tags`).
+    tag: u32,
     /// The policy's state words in the server's clock (ns since the Unix epoch).
     state: [u64; MAX_WORDS],
     /// Units admitted here and not yet pushed to Redis.
@@ -50,14 +54,18 @@ impl map::Entry for Entry {
 /// otherwise the entries with the fewest units not yet pushed go first, and their units
 /// are counted as lost.
 struct ByPending<'a> {
-    policy: &'a Policy,
+    tags: &'a Tags,
     now: u64,
     lost: &'a AtomicU64,
 }
 
 impl Residual<Entry> for ByPending<'_> {
     fn residual(&mut self, e: &mut Entry) -> u64 {
-        if e.pending == 0 && !e.touched && self.policy.is_fresh(&e.state, self.now) {
+        let fresh = || {
+            self.tags
+                .with(e.tag, |p| p.is_none_or(|p| p.is_fresh(&e.state, self.now)))
+        };
+        if e.pending == 0 && !e.touched && fresh() {
             0
         } else {
             e.pending.saturating_add(1)
@@ -71,12 +79,13 @@ impl Residual<Entry> for ByPending<'_> {
 
 struct Shared {
     conn: RedisConnection,
+    /// The policy of the store's own methods.
     policy: Policy,
-    limits: Vec<u64>,
     prefix: Vec<u8>,
     readable: bool,
     interval: Duration,
     map: ShardedMap<Entry>,
+    tags: Tags,
     hasher: KeyHasher,
     clock: Arc<dyn Clock>,
     /// Whether the syncs send `clock`'s time to the script instead of the server's.
@@ -224,13 +233,19 @@ impl LocalFirstStore {
         &self.inner.policy
     }
 
-    /// Decides locally for `key` and charges `cost` when admitted.
+    /// Decides locally for `key` under the store's policy and charges `cost` when
+    /// admitted.
     pub fn check_local<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> Decision {
+        let policy = self.inner.policy.clone();
+        self.check_with(key, &policy, cost)
+    }
+
+    fn check_with<K: KeyBytes + ?Sized>(&self, key: &K, policy: &Policy, cost: u64) -> Decision {
         if !self.inner.started.load(Ordering::Relaxed) {
             let _ = self.start();
         }
         let k = self.inner.redis_key(key);
-        self.inner.with_entry(k, |policy, e, now| {
+        self.inner.with_entry(k, policy, |e, now| {
             let d = policy.decide(&mut e.state, now, cost);
             if d.is_allowed() {
                 e.pending = e.pending.saturating_add(cost);
@@ -239,10 +254,10 @@ impl LocalFirstStore {
         })
     }
 
-    fn peek_local<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> Decision {
+    fn peek_with<K: KeyBytes + ?Sized>(&self, key: &K, policy: &Policy, cost: u64) -> Decision {
         let k = self.inner.redis_key(key);
         self.inner
-            .with_entry(k, |policy, e, now| policy.peek(&e.state, now, cost))
+            .with_entry(k, policy, |e, now| policy.peek(&e.state, now, cost))
     }
 }
 
@@ -256,18 +271,19 @@ impl RedisStoreBuilder {
         connection: impl Into<RedisConnection>,
         interval: Duration,
     ) -> Result<LocalFirstStore, ConfigError> {
-        let limits = self.check_common()?;
+        self.check_common()?;
         let overrides = self.clock.is_some();
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let metrics = StoreMetrics::new(&format!("{}-local", self.namespace));
         Ok(LocalFirstStore {
             inner: Arc::new(Shared {
                 conn: connection.into(),
-                prefix: keys::prefix(&self.namespace, &self.policy),
+                prefix: keys::prefix(&self.namespace),
                 readable: self.readable_keys,
-                limits,
                 policy: self.policy,
                 interval: interval.max(Duration::from_millis(10)),
-                map: ShardedMap::new(self.max_bytes, default_shards())?,
+                map: ShardedMap::new(self.max_bytes, default_shards(), metrics)?,
+                tags: Tags::new(),
                 hasher: KeyHasher::default(),
                 clock,
                 overrides,
@@ -294,46 +310,62 @@ impl Shared {
         keys::redis_key(&self.prefix, key, self.readable)
     }
 
-    fn with_entry<R>(&self, key: Vec<u8>, f: impl FnOnce(&Policy, &mut Entry, u64) -> R) -> R {
+    /// Runs `f` on the key's entry (made if new) with its state as `policy`'s at now.
+    fn with_entry<R>(
+        &self,
+        key: Vec<u8>,
+        policy: &Policy,
+        f: impl FnOnce(&mut Entry, u64) -> R,
+    ) -> R {
         let hash = map::hash_of(&self.hasher, &key[..]);
+        let tag = self.tags.tag(policy);
         let mut shard = self.map.write(hash);
         // Read under the lock: never older than the time of whoever wrote the state last
         // (a reading taken before waiting for the lock could refuse a request that fits).
         let now = self.now();
-        if shard.table.find(hash, |e| *e.key == *key).is_none() {
+        if shard.one.find(hash, |e| *e.key == *key).is_none() {
             let entry = Entry {
                 key: key.clone().into_boxed_slice(),
+                tag,
                 state: [0; MAX_WORDS],
                 pending: 0,
                 touched: false,
             };
             let evict = ByPending {
-                policy: &self.policy,
+                tags: &self.tags,
                 now,
                 lost: &self.evicted_units,
             };
             let hasher = &self.hasher;
-            self.map.insert(
+            self.map.insert_one(
                 &mut shard,
                 hash,
                 entry,
                 |e| map::hash_of(hasher, &e.key[..]),
-                evict,
+                Both(evict, ()),
             );
         }
         let e = shard
-            .table
+            .one
             .find_mut(hash, |e| *e.key == *key)
             .expect("inserted above, under the same lock");
+        if e.tag != tag {
+            // Decided under another policy than its state's: carry the state over; the
+            // units not yet pushed stay units.
+            e.state = self.tags.with(e.tag, |old| {
+                old.map_or([0; MAX_WORDS], |old| policy.carry_from(old, &e.state, now))
+            });
+            e.tag = tag;
+        }
         e.touched = true;
-        f(&self.policy, e, now)
+        f(e, now)
     }
 
     async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
-        let mut batch: Vec<(Vec<u8>, u64)> = Vec::new();
-        self.map.for_each_mut(|e| {
+        let mut batch: Vec<(Vec<u8>, u64, u32)> = Vec::new();
+        self.map.for_each_one(|e| {
             if e.pending > 0 || e.touched {
-                batch.push((e.key.to_vec(), e.pending));
+                batch.push((e.key.to_vec(), e.pending, e.tag));
                 e.pending = 0;
                 e.touched = false;
             }
@@ -365,28 +397,30 @@ impl Shared {
     }
 
     /// Syncs keys one after the other; after a failure the rest are put back unsent.
-    async fn sync_keys(&self, keys: Vec<(Vec<u8>, u64)>) -> Result<(), StoreError> {
+    async fn sync_keys(&self, keys: Vec<(Vec<u8>, u64, u32)>) -> Result<(), StoreError> {
         let mut failed: Option<StoreError> = None;
-        for (key, units) in keys {
-            if failed.is_some() {
+        for (key, units, tag) in keys {
+            let policy = self.tags.policy(tag);
+            let limits = policy.as_ref().map(script::limit_args);
+            let (Some(policy), Some(Ok(limits)), None) = (policy, limits, &failed) else {
                 self.put_back(&key, units);
                 continue;
-            }
+            };
             let at = self.overrides.then(|| self.clock.now());
-            let inv = script::invocation(&key, Mode::Sync, units, at, &self.limits);
+            let inv = script::invocation(&key, Mode::Sync, units, at, &limits, true);
             let deadline = self.interval.max(Duration::from_millis(50));
             let r = match tokio::time::timeout(deadline, self.conn.invoke(&inv)).await {
                 Ok(r) => r,
                 Err(_) => Err(StoreError::Timeout(deadline)),
             };
-            match r.and_then(|reply| script::decode_sync(&reply, &self.policy)) {
+            match r.and_then(|reply| script::decode_sync(&reply, &policy)) {
                 Ok((server_now, words)) => {
                     if !self.overrides {
                         let local = self.clock.now() as i64;
                         self.offset
                             .store(server_now as i64 - local, Ordering::Relaxed);
                     }
-                    self.merge(&key, words);
+                    self.merge(&key, tag, &policy, words);
                 }
                 Err(e) => {
                     self.put_back(&key, units);
@@ -400,7 +434,7 @@ impl Shared {
     fn put_back(&self, key: &[u8], units: u64) {
         let hash = map::hash_of(&self.hasher, key);
         let mut s = self.map.write(hash);
-        if let Some(e) = s.table.find_mut(hash, |e| *e.key == *key) {
+        if let Some(e) = s.one.find_mut(hash, |e| *e.key == *key) {
             e.pending = e.pending.saturating_add(units);
             e.touched = true;
         }
@@ -408,16 +442,20 @@ impl Shared {
 
     /// Replaces the local state by the shared one, then charges what was admitted here
     /// since the round started.
-    fn merge(&self, key: &[u8], words: [u64; MAX_WORDS]) {
+    fn merge(&self, key: &[u8], tag: u32, policy: &Policy, words: [u64; MAX_WORDS]) {
         let hash = map::hash_of(&self.hasher, key);
         let mut s = self.map.write(hash);
         let now = self.now();
-        let Some(e) = s.table.find_mut(hash, |e| *e.key == *key) else {
+        let Some(e) = s.one.find_mut(hash, |e| *e.key == *key) else {
             return;
         };
+        // Decided under another policy since the round began: the next round syncs it.
+        if e.tag != tag {
+            return;
+        }
         e.state = words;
         if e.pending > 0 {
-            force_charge(&self.policy, &mut e.state, now, e.pending);
+            force_charge(policy, &mut e.state, now, e.pending);
         }
     }
 }
@@ -475,26 +513,30 @@ async fn run(weak: Weak<Shared>, interval: Duration) {
 }
 
 impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
-    fn policy(&self) -> &Policy {
-        &self.inner.policy
+    fn supports(&self, policy: &Policy) -> Result<(), ConfigError> {
+        script::limit_args(policy).map(|_| ())
     }
 
-    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.check_local(key, cost).with_source(Source::Local)))
+    fn default_policy(&self) -> Option<Policy> {
+        Some(self.inner.policy.clone())
     }
 
-    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.peek_local(key, cost)))
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_with(key, policy, cost)))
     }
 
-    fn decide_now(&self, key: &K, cost: u64) -> Option<Decision> {
-        Some(self.check_local(key, cost).with_source(Source::Local))
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.peek_with(key, policy, cost)))
+    }
+
+    fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
+        Some(self.check_with(key, policy, cost))
     }
 
     /// Gives the units back locally (and takes them off what is still to be pushed).
-    fn refund(&self, key: &K, cost: u64) {
+    fn refund(&self, key: &K, policy: &Policy, cost: u64) {
         let k = self.inner.redis_key(key);
-        self.inner.with_entry(k, |policy, e, now| {
+        self.inner.with_entry(k, policy, |e, now| {
             policy.refund(&mut e.state, now, cost);
             e.pending = e.pending.saturating_sub(cost);
         });

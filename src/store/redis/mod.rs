@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tollgate::store::{FailurePolicy, RedisConnection, RedisStore, Store};
+//! use tollgate::store::{FailurePolicy, RedisConnection, RedisStore};
 //! use tollgate::{Limit, Policy, Quota};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -18,7 +18,7 @@
 //!     .deadline(Duration::from_millis(20))
 //!     .failure_policy(FailurePolicy::LocalFallback { share: 0.5 }) // 2 instances
 //!     .build(RedisConnection::connect("redis://127.0.0.1:6379").await?)?;
-//! let decision = store.decide(&"203.0.113.7", 1).await?;
+//! let decision = store.check("203.0.113.7", 1).await?;
 //! println!("{:?} from {:?}", decision.outcome(), decision.source());
 //! # Ok(()) }
 //! ```
@@ -68,10 +68,10 @@
 //! while open no call goes out, so no request pays the deadline; after the cooldown
 //! (default 500 ms, on the store's clock) one probe call goes through and closes it on
 //! success. Meanwhile the
-//! [`FailurePolicy`] decides: admit ([`Source::FailOpen`](crate::Source::FailOpen)),
-//! refuse ([`Source::FailClosed`](crate::Source::FailClosed)) or decide from a local
+//! [`FailurePolicy`] decides: admit ([`Source::FailOpen`](crate::decision::Source::FailOpen)),
+//! refuse ([`Source::FailClosed`](crate::decision::Source::FailClosed)) or decide from a local
 //! in-memory store at a share of each quota
-//! ([`Source::Fallback`](crate::Source::Fallback), the default, share 1.0). Breaker
+//! ([`Source::Fallback`](crate::decision::Source::Fallback), the default, share 1.0). Breaker
 //! transitions are `tracing` events (target `tollgate::redis`): `warn` when it opens,
 //! `info` when it half-opens and closes; failed calls are `debug` events.
 //!
@@ -79,7 +79,7 @@
 //!
 //! A refused key is remembered locally until its retry-after, counted from when the call
 //! was sent (so never later than Redis's own answer); until then a request of the same or
-//! a larger cost is refused locally ([`Source::NegativeCache`](crate::Source::NegativeCache))
+//! a larger cost is refused locally ([`Source::NegativeCache`](crate::decision::Source::NegativeCache))
 //! without a Redis call; a smaller cost still asks Redis. This is exact for every
 //! algorithm: a refused request becomes admissible exactly at its retry-after (for
 //! windows, at the window edge or when the sliding estimate has decayed enough), and other

@@ -1,6 +1,6 @@
 -- tollgate: one rate-limit decision, atomic on the server.
 --
--- KEYS[1]  the client's state for one policy (all limits in one string)
+-- KEYS[1]  the client's state (all limits in one string)
 -- ARGV[1]  mode: 0 check, 1 peek, 2 refund, 3 sync (charge ARGV[2] units unconditionally)
 -- ARGV[2]  cost in units
 -- ARGV[3]  now in microseconds, or '' for the server's TIME (the override is for tests)
@@ -13,15 +13,24 @@
 --          multiple of w since the Unix epoch)
 --
 -- Stored value: integers as little-endian doubles (8 bytes each, Lua's struct 'd'): the
--- write time (us), then per limit GCRA: fill (ns: TAT minus the write time, >= 0) |
--- fixed: tag count | sliding: tag prev cur. Every number stays below 2^53 (checked when
--- the store is built), so doubles are exact. Binary rather than decimal text because
--- parsing a 16-digit time (strtod's slow path) and printing it cost the server more than
--- the decision itself; a value of another length or with another number is no state.
+-- write time (us), then per limit a descriptor of two words and its state: GCRA: T (ns,
+-- < 2^52) and cap (ns), then fill (ns: TAT minus the write time, >= 0); windows:
+-- 2^52 + 2w + (0 fixed, 1 sliding) (w in us) and the limit, then the end of the window
+-- the counts are for (us), then count (fixed) or prev cur (sliding). Every number stays
+-- below 2^53 (checked when the store is built), so doubles are exact. A value that does
+-- not parse so is no state.
+--
+-- The state describes the limits it was written under, so any instance can read it under
+-- its own policy: limit by limit, by position, a limit takes over the state of the old one
+-- as the in-memory store does (tollgate's policy docs): the same limit its state as it is
+-- (a debt above full included); a token bucket of the same rate its exact fill (at most
+-- full), a window on the same grid its counts (at most its limit); otherwise the old
+-- limit's outstanding units rounded up, at most full.
 --
 -- Reply (modes 0, 1): n, then per limit: code (0 allowed, 1 denied, 2 exceeds), value
 -- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns).
--- Mode 2: {} or {now}. Mode 3: now, then the stored words after the charge.
+-- Mode 2: {} or {now}. Mode 3: now, then the state words after the charge in the
+-- in-memory layout (GCRA: fill; windows: tag count or tag prev cur).
 
 local mode = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
@@ -34,6 +43,7 @@ else
 end
 local extra = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
+local WIN = 4503599627370496 -- 2^52
 
 local function idiv(a, b)
   local q = math.floor(a / b)
@@ -45,6 +55,8 @@ local function idiv(a, b)
   return q
 end
 
+-- The limits of this call. Internal state s (in-memory layout): s[1] the write time, then
+-- per limit GCRA: fill | fixed: tag count | sliding: tag prev cur.
 local L = {}
 local words = 1
 local i = 6
@@ -56,53 +68,143 @@ for j = 1, n do
     i = i + 5
     words = words + 1
   else
-    L[j] = { k = k, w = tonumber(ARGV[i + 1]), limit = tonumber(ARGV[i + 2]),
-             shift = tonumber(ARGV[i + 3]), off = words + 1 }
+    local l = { k = k, w = tonumber(ARGV[i + 1]), limit = tonumber(ARGV[i + 2]),
+                shift = tonumber(ARGV[i + 3]), off = words + 1 }
+    l.tag = idiv(now + l.shift, l.w) + 1
+    l.e = now + l.shift - (l.tag - 1) * l.w
+    l.fin = l.tag * l.w - l.shift -- the end of the current window
+    L[j] = l
     i = i + 4
     if k == 2 then words = words + 2 else words = words + 3 end
   end
 end
 
 local key = KEYS[1]
-local fmt = '<' .. string.rep('d', words)
-local s = {}
-local raw = redis.call('GET', key)
-local existed = false
-if raw and #raw == 8 * words then
-  s = { struct.unpack(fmt, raw) }
-  s[words + 1] = nil -- unpack's last result is the position after the data
-  -- Anything but integers in [0, 2^53) (another tool's value, NaN, infinity) is no state.
-  existed = true
-  for j = 1, words do
-    local w = s[j]
-    if not (w >= 0 and w < 9007199254740992) then
-      existed = false
-      break
-    end
+
+-- The stored value, parsed: its write time and its limits (nil: no state).
+local function parse(raw)
+  if not raw or #raw < 24 or #raw % 8 ~= 0 then return nil end
+  local m = #raw / 8
+  local v = { struct.unpack('<' .. string.rep('d', m), raw) }
+  for j = 1, m do
+    local x = v[j]
+    if not (x >= 0 and x < 9007199254740992) then return nil end
   end
-end
-if not existed then
-  s = {}
-  for j = 1, words do s[j] = 0 end
+  local at = v[1]
+  local old = {}
+  local p = 2
+  while p <= m do
+    local d, size = v[p], v[p + 1]
+    if size == nil then return nil end
+    local o
+    if d < WIN then
+      if d < 1 or p + 2 > m then return nil end
+      local f = v[p + 2]
+      if at <= now then
+        local back = (now - at) * 1000
+        if back >= f then f = 0 else f = f - back end
+      else
+        f = f + (at - now) * 1000
+      end
+      o = { k = 1, t = d, cap = size, fill = f }
+      p = p + 3
+    else
+      local r = d - WIN
+      local sliding = r % 2
+      local w = (r - sliding) / 2
+      if w < 1 then return nil end
+      if sliding == 0 then
+        if p + 3 > m then return nil end
+        o = { k = 2, w = w, limit = size, fin = v[p + 2], count = v[p + 3] }
+        p = p + 4
+      else
+        if p + 4 > m then return nil end
+        o = { k = 3, w = w, limit = size, fin = v[p + 2], prev = v[p + 3], cur = v[p + 4] }
+        p = p + 5
+      end
+    end
+    old[#old + 1] = o
+  end
+  return old
 end
 
--- GCRA fills relative to now.
-local at = s[1]
+-- An old limit's units outstanding at now, rounded up.
+local function outstanding(o)
+  if o.k == 1 then return idiv(o.fill + o.t - 1, o.t) end
+  if o.k == 2 then
+    if o.fin - o.w <= now and now < o.fin then return o.count end
+    return 0
+  end
+  local weighted, cur
+  if now < o.fin and now >= o.fin - o.w then
+    local e = now - (o.fin - o.w)
+    weighted, cur = o.prev * (o.w - e), o.cur
+  elseif now >= o.fin and now < o.fin + o.w then
+    local e = now - o.fin
+    weighted, cur = o.cur * (o.w - e), 0
+  else
+    return 0
+  end
+  return idiv(weighted + o.w - 1, o.w) + cur
+end
+
+local s = {}
+for j = 1, words do s[j] = 0 end
+local old = parse(redis.call('GET', key))
+local existed = old ~= nil
+-- Whether the state was converted (written under other limits) or clamped: then it is
+-- stored even by a refusal, as the in-memory store keeps a converted state.
+local changed = existed and #old ~= n
+
+-- GCRA fills relative to now; windows as tags of their own grid.
 for j = 1, n do
   local l = L[j]
+  local o = old and old[j]
   if l.k == 1 then
-    local f = s[l.off]
-    if at <= now then
-      local d = (now - at) * 1000
-      if d >= f then f = 0 else f = f - d end
-    else
-      f = f + (at - now) * 1000
+    local f = 0
+    if o then
+      if o.k == 1 and o.t == l.t then
+        f = o.fill
+        -- The same limit keeps a debt above full; another cap is at most full.
+        if o.cap ~= l.cap and f > l.cap then
+          f = l.cap
+          changed = true
+        end
+        if o.cap ~= l.cap then changed = true end
+      else
+        changed = true
+        local u = outstanding(o)
+        if u > 0 then f = math.min(u * l.t, l.cap) end
+      end
     end
     l.fill = f
-  else
-    local t = now + l.shift
-    l.tag = idiv(t, l.w) + 1
-    l.e = t - (l.tag - 1) * l.w
+  elseif o then
+    if o.k == l.k and o.w == l.w and (l.fin - o.fin) % l.w == 0 then
+      -- The same grid: the counts as they are (at most the limit).
+      local tag = (o.fin + l.shift) / l.w
+      s[l.off] = tag
+      -- The same limit keeps its counts (a debt above the limit included).
+      if o.limit ~= l.limit then changed = true end
+      local function clamp(x)
+        if x > l.limit and o.limit ~= l.limit then
+          return l.limit
+        end
+        return x
+      end
+      if l.k == 2 then
+        s[l.off + 1] = clamp(o.count)
+      else
+        s[l.off + 1] = clamp(o.prev)
+        s[l.off + 2] = clamp(o.cur)
+      end
+    else
+      changed = true
+      local u = math.min(outstanding(o), l.limit)
+      if u > 0 then
+        s[l.off] = l.tag
+        if l.k == 2 then s[l.off + 1] = u else s[l.off + 2] = u end
+      end
+    end
   end
 end
 
@@ -218,8 +320,8 @@ local function eval(l, c)
   return sliding_eval(l, c)
 end
 
--- Writes s (with GCRA fills already relative to now) and sets the TTL to the time until
--- the state is fresh again; a fresh state is deleted.
+-- Writes the state in the stored format (descriptors, window ends) and sets the TTL to
+-- the time until it is fresh again; a fresh state is deleted.
 local function store()
   local reset = 0
   for j = 1, n do
@@ -230,17 +332,25 @@ local function store()
     redis.call('DEL', key)
     return
   end
-  s[1] = now
-  local ms = idiv(reset + 999999, 1000000) + extra
-  -- PX as integer text: a Lua number would be printed with '%.17g'.
-  redis.call('SET', key, struct.pack(fmt, unpack(s, 1, words)), 'PX', string.format('%d', ms))
-end
-
-local function put_fills()
+  local out = { now }
   for j = 1, n do
     local l = L[j]
-    if l.k == 1 then s[l.off] = l.fill end
+    if l.k == 1 then
+      out[#out + 1] = l.t
+      out[#out + 1] = l.cap
+      out[#out + 1] = l.fill
+    else
+      out[#out + 1] = WIN + 2 * l.w + (l.k - 2)
+      out[#out + 1] = l.limit
+      out[#out + 1] = s[l.off] * l.w - l.shift
+      out[#out + 1] = s[l.off + 1]
+      if l.k == 3 then out[#out + 1] = s[l.off + 2] end
+    end
   end
+  local ms = idiv(reset + 999999, 1000000) + extra
+  -- PX as integer text: a Lua number would be printed with '%.17g'.
+  redis.call('SET', key, struct.pack('<' .. string.rep('d', #out), unpack(out)), 'PX',
+    string.format('%d', ms))
 end
 
 if mode == 2 then
@@ -266,7 +376,6 @@ if mode == 2 then
       end
     end
   end
-  put_fills()
   store()
   return { now }
 end
@@ -294,10 +403,18 @@ if mode == 3 then
       s[l.off + 2] = cur
     end
   end
-  put_fills()
   store()
   local out = { now }
-  for j = 2, words do out[j] = s[j] end
+  for j = 1, n do
+    local l = L[j]
+    if l.k == 1 then
+      out[#out + 1] = l.fill
+    else
+      out[#out + 1] = s[l.off]
+      out[#out + 1] = s[l.off + 1]
+      if l.k == 3 then out[#out + 1] = s[l.off + 2] end
+    end
+  end
   return out
 end
 
@@ -317,6 +434,10 @@ if not admitted and n > 1 then
     end
   end
 end
+if mode == 0 and not admitted and changed then
+  -- Refused, but the state was converted: keep the conversion (nothing charged).
+  store()
+end
 if mode == 0 and admitted then
   for j = 1, n do
     local l = L[j]
@@ -327,8 +448,6 @@ if mode == 0 and admitted then
       for x = 1, #nw do s[l.off + x - 1] = nw[x] end
     end
   end
-  put_fills()
-  -- TTL from the post-state reports (computed by store()).
   store()
 end
 local out = { n }

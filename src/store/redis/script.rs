@@ -102,16 +102,17 @@ pub(super) struct Invocation {
 }
 
 /// Builds one invocation: the fast GCRA script for checks and peeks of a single
-/// GCRA-based limit, the general script otherwise.
+/// GCRA-based limit, the general script otherwise (or when `general`).
 pub(super) fn invocation(
     key: &[u8],
     mode: Mode,
     cost: u64,
     now_ns: Option<u64>,
     limits: &[u64],
+    general: bool,
 ) -> Invocation {
     let fast = match mode {
-        Mode::Check | Mode::Peek => fast_gcra(limits),
+        Mode::Check | Mode::Peek if !general => fast_gcra(limits),
         _ => None,
     };
     let script: &'static Script = if fast.is_some() {
@@ -222,6 +223,7 @@ pub(super) fn decode_decision(
         source: Source::Store,
         len: n as u8,
         limits: reports,
+        shadow: false,
     })
 }
 

@@ -1,7 +1,7 @@
 -- tollgate: the fast path for a policy of one GCRA-based limit (token bucket, leaky meter,
--- leaky queue), check and peek only. Same stored format as script.lua (two little-endian
--- doubles: write time in us, fill in ns), so refunds and syncs through the general script
--- see the same state.
+-- leaky queue), check and peek only. Same stored format as script.lua (four little-endian
+-- doubles: write time in us, the descriptor T and cap in ns, fill in ns), so refunds and
+-- syncs through the general script see the same state.
 --
 -- KEYS[1]  the client's state
 -- ARGV[1]  mode: 0 check, 1 peek
@@ -16,7 +16,9 @@
 --
 -- Reply: code (0 allowed, 1 denied, 2 exceeds), the fill before the request (ns: TAT - now,
 -- >= 0). GCRA only looks at TAT - now, so the client needs no time: it rebuilds the full
--- decision from these with the same function as the in-memory store.
+-- decision from these with the same function as the in-memory store. Or {3}: the key
+-- holds a state written under other limits (or one to clamp), which the general script
+-- converts; the client asks it instead.
 
 local now
 local slack = 0
@@ -28,24 +30,30 @@ else
   slack = tonumber(ARGV[6])
 end
 
+local t = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
 local fill = 0
 local raw = redis.call('GET', KEYS[1])
--- Binary doubles, not decimal text: a 16-digit microsecond time costs strtod's slow path
--- to parse and a printf to write, several thousand server instructions per call.
-local at, f
-if raw and #raw == 16 then at, f = struct.unpack('<dd', raw) end
--- Anything but two integers in [0, 2^53) (another tool's value, NaN, infinity) is no state.
-if at and at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992 then
+if raw then
+  -- Binary doubles, not decimal text: a 16-digit microsecond time costs strtod's slow
+  -- path to parse and a printf to write, several thousand server instructions per call.
+  if #raw ~= 32 then return { 3 } end
+  local at, d, c, f = struct.unpack('<dddd', raw)
+  -- Anything but integers in [0, 2^53) (another tool's value, NaN, infinity) is no state,
+  -- which the general script decides.
+  if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992) then
+    return { 3 }
+  end
+  if d ~= t or c ~= cap then return { 3 } end
   if at <= now then
-    local d = (now - at) * 1000
-    if d < f then fill = f - d end
+    local back = (now - at) * 1000
+    if back < f then fill = f - back end
   else
     fill = f + (at - now) * 1000
   end
 end
 
-local inc = tonumber(ARGV[2]) * tonumber(ARGV[3])
-local cap = tonumber(ARGV[4])
+local inc = tonumber(ARGV[2]) * t
 if inc > cap then return { 2, fill } end
 local diff = fill + inc
 if diff > cap then return { 1, fill } end
@@ -61,7 +69,7 @@ if ARGV[1] == '0' and inc > 0 then
     -- PX formatted as an integer here: Redis turns a Lua number argument of redis.call
     -- into text with a floating-point conversion ('%.17g' in Redis 7.0), several times
     -- as costly.
-    redis.call('SET', KEYS[1], struct.pack('<dd', now, diff), 'PX', string.format('%d', ms + slack))
+    redis.call('SET', KEYS[1], struct.pack('<dddd', now, t, cap, diff), 'PX', string.format('%d', ms + slack))
   end
 end
 return { 0, fill }

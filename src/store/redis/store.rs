@@ -15,6 +15,7 @@ use crate::{
     clock::{Clock, TokioClock},
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
+    observe::StoreMetrics,
     store::{CheckFuture, KeyBytes, MemoryStore, Store, DEFAULT_MAX_BYTES},
     Policy,
 };
@@ -222,7 +223,7 @@ impl RedisStoreBuilder {
     /// (see the [module docs](super)), a bad namespace, a zero deadline, a fallback share
     /// outside `(0, 1]` and a memory budget too small for one key.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
-        let limits = self.check_common()?;
+        self.check_common()?;
         if self.deadline.is_zero() {
             return Err(ConfigError::Store(
                 "the Redis deadline must be longer than zero".into(),
@@ -231,19 +232,21 @@ impl RedisStoreBuilder {
         let overrides = self.clock.is_some();
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         let fallback = match self.failure {
-            FailurePolicy::LocalFallback { share } => Some(
+            FailurePolicy::LocalFallback { share } => Some((
                 MemoryStore::new(scaled_policy(&self.policy, share)?)
                     .with_clock(clock.clone())
-                    .with_max_bytes(self.max_bytes)?,
-            ),
+                    .with_max_bytes(self.max_bytes)?
+                    .with_label(&format!("{}-fallback", self.namespace)),
+                share,
+            )),
             _ => None,
         };
         Ok(RedisStore {
             inner: Arc::new(Shared {
                 conn: connection.into(),
-                prefix: keys::prefix(&self.namespace, &self.policy),
-                limits,
+                prefix: keys::prefix(&self.namespace),
                 policy: self.policy,
+                metrics: StoreMetrics::new(&self.namespace),
                 deadline: self.deadline,
                 breaker: Breaker::new(self.breaker_failures, self.breaker_cooldown, clock.clone()),
                 failure: self.failure,
@@ -267,13 +270,15 @@ pub struct RedisStore {
 
 pub(super) struct Shared {
     pub(super) conn: RedisConnection,
+    /// The policy of the store's own methods.
     pub(super) policy: Policy,
-    pub(super) limits: Vec<u64>,
     pub(super) prefix: Vec<u8>,
     deadline: Duration,
     breaker: Breaker,
     failure: FailurePolicy,
-    fallback: Option<MemoryStore<Vec<u8>, Arc<dyn Clock>>>,
+    /// The local fallback and the share of each quota it applies.
+    fallback: Option<(Fallback, f64)>,
+    metrics: StoreMetrics,
     negative: Option<NegativeCache>,
     /// Whether decisions take their time from `clock` instead of the server's `TIME`.
     overrides: bool,
@@ -293,6 +298,9 @@ impl fmt::Debug for RedisStore {
             .finish_non_exhaustive()
     }
 }
+
+/// The local limiter a store falls back to.
+type Fallback = MemoryStore<Vec<u8>, Arc<dyn Clock>>;
 
 /// Releases a half-open probe whose call was dropped before it finished.
 struct PermitGuard<'a> {
@@ -316,8 +324,11 @@ impl Shared {
         key: &[u8],
         mode: Mode,
         cost: u64,
+        limits: &[u64],
+        general: bool,
     ) -> Result<Vec<i64>, StoreError> {
         let Some(permit) = self.breaker.permit() else {
+            self.metrics.operation(0.0, Some(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         };
         let mut guard = PermitGuard {
@@ -326,76 +337,123 @@ impl Shared {
             done: false,
         };
         let now = self.overrides.then(|| self.clock.now());
-        let inv = script::invocation(key, mode, cost, now, &self.limits);
+        let inv = script::invocation(key, mode, cost, now, limits, general);
+        let started = std::time::Instant::now();
         let result = match tokio::time::timeout(self.deadline, self.conn.invoke(&inv)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         };
         guard.done = true;
+        self.metrics
+            .operation(started.elapsed().as_secs_f64(), result.as_ref().err());
+        let before = self.breaker.state();
         match &result {
             Ok(_) => self.breaker.success(permit),
             Err(e) => self.breaker.failure(permit, e),
         }
+        let after = self.breaker.state();
+        if after != before {
+            self.metrics.breaker(match after {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                _ => 2,
+            });
+        }
         result
     }
 
-    async fn decide(&self, key: Vec<u8>, mode: Mode, cost: u64) -> Result<Decision, StoreError> {
+    /// One decision: the fast script for a single GCRA limit, the general one otherwise
+    /// (or when the fast one finds a state written under other limits).
+    async fn ask(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        mode: Mode,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let limits = script::limit_args(policy).map_err(StoreError::backend)?;
+        let mut reply = self.guarded_call(key, mode, cost, &limits, false).await?;
+        if reply == [3] {
+            reply = self.guarded_call(key, mode, cost, &limits, true).await?;
+        }
+        script::decode_decision(&reply, policy, cost)
+    }
+
+    async fn decide(
+        &self,
+        key: Vec<u8>,
+        policy: Policy,
+        mode: Mode,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
         // A refusal is remembered from when the call was sent (the conservative end);
         // only checks with the negative cache on can need that time.
         let cache = self.negative.as_ref().filter(|_| mode == Mode::Check);
         let sent = cache.map(|_| self.clock.now());
-        let result = match self.guarded_call(&key, mode, cost).await {
-            Ok(reply) => script::decode_decision(&reply, &self.policy, cost),
-            Err(e) => Err(e),
-        };
-        match result {
+        match self.ask(&key, &policy, mode, cost).await {
             Ok(d) => {
                 if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
-                    n.insert(key, cost, sent, self.clock.now(), d);
+                    n.insert(negative_key(key, &policy), cost, sent, self.clock.now(), d);
                 }
                 Ok(d)
             }
-            Err(e) => Ok(self.on_failure(&key, mode, cost, &e)),
+            Err(e) => Ok(self.on_failure(&key, &policy, mode, cost, &e)),
         }
     }
 
-    fn on_failure(&self, key: &Vec<u8>, mode: Mode, cost: u64, e: &StoreError) -> Decision {
+    fn on_failure(
+        &self,
+        key: &Vec<u8>,
+        policy: &Policy,
+        mode: Mode,
+        cost: u64,
+        e: &StoreError,
+    ) -> Decision {
         if matches!(e, StoreError::CircuitOpen) {
             tracing::trace!(target: "tollgate::redis", "circuit open: failure policy decides");
         } else {
             tracing::debug!(target: "tollgate::redis", error = %e, policy = ?self.failure, "Redis call failed: failure policy decides");
         }
-        let n = self.policy.limits().len();
-        match self.failure {
-            FailurePolicy::FailOpen => Decision::without_state(
+        let n = policy.limits().len();
+        let open = || {
+            Decision::without_state(
                 Outcome::Allowed {
                     wait: Duration::ZERO,
                 },
                 Source::FailOpen,
                 n,
-            ),
+            )
+        };
+        match self.failure {
+            FailurePolicy::FailOpen => open(),
             FailurePolicy::FailClosed { retry_after } => {
                 Decision::without_state(Outcome::Denied { retry_after }, Source::FailClosed, n)
             }
             FailurePolicy::LocalFallback { .. } => match &self.fallback {
-                Some(fb) => {
-                    let d = if mode == Mode::Peek {
-                        fb.peek(key, cost)
-                    } else {
-                        fb.check(key, cost)
+                Some((fb, share)) => {
+                    let Ok(local) = scaled_policy(policy, *share) else {
+                        return open();
                     };
-                    d.with_source(Source::Fallback)
+                    let d = if mode == Mode::Peek {
+                        Store::preview(fb, key, &local, cost)
+                    } else {
+                        Store::decide(fb, key, &local, cost)
+                    };
+                    let mut d = d.take_ready_now().unwrap_or_else(open);
+                    d.source = Source::Fallback;
+                    d
                 }
-                None => Decision::without_state(
-                    Outcome::Allowed {
-                        wait: Duration::ZERO,
-                    },
-                    Source::FailOpen,
-                    n,
-                ),
+                None => open(),
             },
         }
     }
+}
+
+/// The negative cache's key: the Redis key and the policy, since a refusal under one
+/// policy says nothing of another.
+fn negative_key(mut key: Vec<u8>, policy: &Policy) -> Vec<u8> {
+    key.extend_from_slice(&policy.fingerprint().to_le_bytes());
+    key
 }
 
 impl RedisStore {
@@ -423,9 +481,32 @@ impl RedisStore {
         Self::builder(policy).build(connection)
     }
 
-    /// The policy.
+    /// The policy of the store's own [`check`](Self::check) and [`peek`](Self::peek).
     pub fn policy(&self) -> &Policy {
         &self.inner.policy
+    }
+
+    /// Decides for `key` under the store's policy and charges `cost` when admitted, as a
+    /// layer would (deadline, breaker, negative cache and failure policy included).
+    pub async fn check<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let policy = self.inner.policy.clone();
+        self.call(self.redis_key(key), &policy, Mode::Check, cost)
+            .await
+    }
+
+    /// [`RedisStore::check`] without charging anything.
+    pub async fn peek<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let policy = self.inner.policy.clone();
+        self.call(self.redis_key(key), &policy, Mode::Peek, cost)
+            .await
     }
 
     /// The circuit breaker's state now.
@@ -433,7 +514,7 @@ impl RedisStore {
         self.inner.breaker.state()
     }
 
-    /// The Redis key holding `key`'s state: `{namespace}:v3:{policy fingerprint}:{{#sha1}}`
+    /// The Redis key holding `key`'s state, under every policy: `{namespace}:v3:{{#sha1}}`
     /// where `sha1` is the SHA-1 of the key's [`KeyBytes`] in hex. With
     /// [`RedisStoreBuilder::readable_keys`], the material is the key's bytes themselves when
     /// they are at most 64 printable ASCII bytes (without `{`, `}`, `#`, space).
@@ -450,57 +531,67 @@ impl RedisStore {
         cost: u64,
     ) -> Result<(), StoreError> {
         let k = self.redis_key(key);
+        let policy = &self.inner.policy;
         if let Some(n) = &self.inner.negative {
-            n.remove(&k);
+            n.remove(&negative_key(k.clone(), policy));
         }
+        let limits = script::limit_args(policy).map_err(StoreError::backend)?;
         self.inner
-            .guarded_call(&k, Mode::Refund, cost)
+            .guarded_call(&k, Mode::Refund, cost, &limits, true)
             .await
             .map(|_| ())
     }
 
-    fn call(&self, key: Vec<u8>, mode: Mode, cost: u64) -> CheckFuture {
+    fn call(&self, key: Vec<u8>, policy: &Policy, mode: Mode, cost: u64) -> CheckFuture {
         if mode == Mode::Check {
-            if let Some(d) = self
-                .inner
-                .negative
-                .as_ref()
-                .and_then(|n| n.lookup(&key, cost, self.inner.clock.now()))
-            {
-                return CheckFuture::ready(Ok(d));
+            if let Some(n) = &self.inner.negative {
+                let nk = negative_key(key.clone(), policy);
+                if let Some(d) = n.lookup(&nk, cost, self.inner.clock.now()) {
+                    return CheckFuture::ready(Ok(d));
+                }
             }
         }
-        let shared = self.inner.clone();
-        CheckFuture::boxed(async move { shared.decide(key, mode, cost).await })
+        let (shared, policy) = (self.inner.clone(), policy.clone());
+        CheckFuture::boxed(async move { shared.decide(key, policy, mode, cost).await })
     }
 }
 
 impl<K: KeyBytes + 'static> Store<K> for RedisStore {
-    fn policy(&self) -> &Policy {
-        &self.inner.policy
+    fn supports(&self, policy: &Policy) -> Result<(), ConfigError> {
+        script::limit_args(policy).map(|_| ())
     }
 
-    fn decide(&self, key: &K, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), Mode::Check, cost)
+    fn default_policy(&self) -> Option<Policy> {
+        Some(self.inner.policy.clone())
     }
 
-    fn preview(&self, key: &K, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), Mode::Peek, cost)
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        self.call(self.redis_key(key), policy, Mode::Check, cost)
+    }
+
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
+        self.call(self.redis_key(key), policy, Mode::Peek, cost)
     }
 
     /// Sends the refund in the background (when called inside a tokio runtime; otherwise
     /// it is dropped) and forgets the key's remembered refusal.
-    fn refund(&self, key: &K, cost: u64) {
+    fn refund(&self, key: &K, policy: &Policy, cost: u64) {
         let k = self.redis_key(key);
         if let Some(n) = &self.inner.negative {
-            n.remove(&k);
+            n.remove(&negative_key(k.clone(), policy));
         }
+        let Ok(limits) = script::limit_args(policy) else {
+            return;
+        };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let shared = self.inner.clone();
         handle.spawn(async move {
-            if let Err(e) = shared.guarded_call(&k, Mode::Refund, cost).await {
+            if let Err(e) = shared
+                .guarded_call(&k, Mode::Refund, cost, &limits, true)
+                .await
+            {
                 tracing::debug!(target: "tollgate::redis", error = %e, "refund not sent to Redis");
             }
         });

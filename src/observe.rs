@@ -1,0 +1,372 @@
+//! What is observed of decisions: `tracing` events always, metrics through the `metrics`
+//! facade with the feature `metrics` (no exporter is chosen for you).
+//!
+//! # Metrics
+//!
+//! Names and attributes follow the OpenTelemetry conventions (ASP.NET Core's
+//! `aspnetcore.rate_limiting.*` is the nearest precedent). Keys never become attributes.
+//!
+//! | metric | kind, unit | attributes |
+//! |---|---|---|
+//! | `tollgate.rate_limit.requests` | counter | `tollgate.limiter`, `tollgate.policy`, `tollgate.result` (`admitted`, `delayed`, `refused`, `shadow_refused`) |
+//! | `tollgate.rate_limit.request.time_in_queue` | histogram, seconds | `tollgate.limiter`, `tollgate.policy` |
+//! | `tollgate.rate_limit.degraded_decisions` | counter | `tollgate.limiter`, `tollgate.source` (`negative_cache`, `fallback`, `fail_open`, `fail_closed`) |
+//! | `tollgate.store.operation.duration` | histogram, seconds | `tollgate.store`, `tollgate.outcome` (`ok`, `error`) |
+//! | `tollgate.store.errors` | counter | `tollgate.store`, `error.type` (`timeout`, `circuit_open`, `backend`) |
+//! | `tollgate.store.breaker.state` | gauge (0 closed, 1 half-open, 2 open) | `tollgate.store` |
+//! | `tollgate.store.keys` | gauge | `tollgate.store` |
+//! | `tollgate.store.evictions` | counter | `tollgate.store`, `tollgate.state` (`fresh`, `with_state`) |
+//!
+//! `tollgate.limiter` is the layer's label (`label(..)` on its builder, default
+//! `tollgate`), `tollgate.policy` the policy's name in its set (`default` for a layer of
+//! one unnamed policy), `tollgate.store` the store's label. Handles are registered when a
+//! layer is built or its policies swapped: install the recorder before.
+//!
+//! # Events
+//!
+//! Target `tollgate`. Every refusal, and every request a shadow limit would have refused:
+//! `INFO`, with the limiter, policy, route, a hash of the key and the retry-after. Every
+//! store failure, and every decision a store made without its backend (fallback, fail
+//! open, fail closed): `WARN` for the first of each second per layer, `DEBUG` for the
+//! others, so an outage does not log every request.
+
+use std::{
+    hash::Hash,
+    sync::Arc,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    decision::{Decision, Source},
+    error::StoreError,
+    limiter::{key_hash, OnStoreError, OncePerSecond},
+};
+
+/// A layer's observer: its label and its rate of warnings.
+#[derive(Debug)]
+pub(crate) struct Observe {
+    label: Arc<str>,
+    warned: OncePerSecond,
+    #[cfg(feature = "metrics")]
+    degraded: [metrics::Counter; 4],
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn policy_label(name: Option<&str>) -> &str {
+    name.unwrap_or("default")
+}
+
+impl Observe {
+    pub(crate) fn new(label: Arc<str>) -> Self {
+        Observe {
+            #[cfg(feature = "metrics")]
+            degraded: ["negative_cache", "fallback", "fail_open", "fail_closed"].map(|s| {
+                metrics::counter!(
+                    "tollgate.rate_limit.degraded_decisions",
+                    "tollgate.limiter" => label.to_string(),
+                    "tollgate.source" => s
+                )
+            }),
+            label,
+            warned: OncePerSecond::default(),
+        }
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The metrics of one policy of the layer's set.
+    pub(crate) fn policy(&self, name: Option<&str>) -> PolicyMetrics {
+        #[cfg(feature = "metrics")]
+        {
+            let (limiter, policy) = (self.label.to_string(), policy_label(name).to_owned());
+            let requests = |result: &'static str| {
+                metrics::counter!(
+                    "tollgate.rate_limit.requests",
+                    "tollgate.limiter" => limiter.clone(),
+                    "tollgate.policy" => policy.clone(),
+                    "tollgate.result" => result
+                )
+            };
+            PolicyMetrics {
+                admitted: requests("admitted"),
+                delayed: requests("delayed"),
+                refused: requests("refused"),
+                shadow_refused: requests("shadow_refused"),
+                in_queue: metrics::histogram!(
+                    "tollgate.rate_limit.request.time_in_queue",
+                    "tollgate.limiter" => limiter.clone(),
+                    "tollgate.policy" => policy.clone()
+                ),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = name;
+            PolicyMetrics {}
+        }
+    }
+
+    /// A refusal, or a request a shadow limit would have refused.
+    pub(crate) fn refused<K: Hash>(
+        &self,
+        policy: Option<&str>,
+        route: Option<&str>,
+        key: &K,
+        d: &Decision,
+    ) {
+        let retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64);
+        let key = format_args!("{:016x}", key_hash(key));
+        if d.shadowed() {
+            tracing::info!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                %key,
+                retry_after_ms,
+                "a shadow rate limit would have refused this request (let through)"
+            );
+        } else {
+            tracing::info!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                %key,
+                retry_after_ms,
+                outcome = ?d.outcome(),
+                "rate limit refused a request"
+            );
+        }
+    }
+
+    /// A store call failed; the layer's `OnStoreError` decides.
+    pub(crate) fn store_failed(
+        &self,
+        policy: Option<&str>,
+        route: Option<&str>,
+        error: &StoreError,
+        then: OnStoreError,
+    ) {
+        #[cfg(feature = "metrics")]
+        self.degraded[if then == OnStoreError::FailOpen { 2 } else { 3 }].increment(1);
+        if self.warned.first(unix_secs()) {
+            tracing::warn!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                %error,
+                then = ?then,
+                "rate-limit store failed (at most one warning a second; the others at debug)"
+            );
+        } else {
+            tracing::debug!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                %error,
+                then = ?then,
+                "rate-limit store failed"
+            );
+        }
+    }
+
+    /// A decision a store made without its backend (or from its negative cache).
+    pub(crate) fn degraded(&self, policy: Option<&str>, d: &Decision) {
+        let i = match d.source() {
+            Source::NegativeCache => 0,
+            Source::Fallback => 1,
+            Source::FailOpen => 2,
+            Source::FailClosed => 3,
+            _ => return,
+        };
+        #[cfg(feature = "metrics")]
+        self.degraded[i].increment(1);
+        if i == 0 {
+            return;
+        }
+        let level_warn = self.warned.first(unix_secs());
+        let source = d.source();
+        if level_warn {
+            tracing::warn!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                ?source,
+                "rate-limit store unavailable: decided without it (at most one warning a second)"
+            );
+        } else {
+            tracing::debug!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                ?source,
+                "rate-limit store unavailable: decided without it"
+            );
+        }
+    }
+}
+
+/// The metrics of one policy, registered when it is installed.
+#[derive(Debug)]
+pub(crate) struct PolicyMetrics {
+    #[cfg(feature = "metrics")]
+    admitted: metrics::Counter,
+    #[cfg(feature = "metrics")]
+    delayed: metrics::Counter,
+    #[cfg(feature = "metrics")]
+    refused: metrics::Counter,
+    #[cfg(feature = "metrics")]
+    shadow_refused: metrics::Counter,
+    #[cfg(feature = "metrics")]
+    in_queue: metrics::Histogram,
+}
+
+impl PolicyMetrics {
+    #[inline]
+    pub(crate) fn decided(&self, d: &Decision) {
+        #[cfg(feature = "metrics")]
+        {
+            if d.shadowed() {
+                self.shadow_refused.increment(1);
+            } else if !d.is_allowed() {
+                self.refused.increment(1);
+            } else if d.wait().is_zero() {
+                self.admitted.increment(1);
+            } else {
+                self.delayed.increment(1);
+                self.in_queue.record(d.wait().as_secs_f64());
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = d;
+    }
+}
+
+/// A store's metrics (feature `metrics`): operations, errors, keys, evictions.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreMetrics {
+    #[cfg(feature = "metrics")]
+    inner: Arc<StoreHandles>,
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct StoreHandles {
+    ok: metrics::Histogram,
+    failed: metrics::Histogram,
+    errors: [metrics::Counter; 3],
+    breaker: metrics::Gauge,
+    keys: metrics::Gauge,
+    evicted_fresh: metrics::Counter,
+    evicted_with_state: metrics::Counter,
+}
+
+impl StoreMetrics {
+    pub(crate) fn new(label: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let store = label.to_owned();
+            let duration = |outcome: &'static str| {
+                metrics::histogram!(
+                    "tollgate.store.operation.duration",
+                    "tollgate.store" => store.clone(),
+                    "tollgate.outcome" => outcome
+                )
+            };
+            let evictions = |state: &'static str| {
+                metrics::counter!(
+                    "tollgate.store.evictions",
+                    "tollgate.store" => store.clone(),
+                    "tollgate.state" => state
+                )
+            };
+            StoreMetrics {
+                inner: Arc::new(StoreHandles {
+                    ok: duration("ok"),
+                    failed: duration("error"),
+                    errors: ["timeout", "circuit_open", "backend"].map(|t| {
+                        metrics::counter!(
+                            "tollgate.store.errors",
+                            "tollgate.store" => store.clone(),
+                            "error.type" => t
+                        )
+                    }),
+                    breaker: metrics::gauge!("tollgate.store.breaker.state", "tollgate.store" => store.clone()),
+                    keys: metrics::gauge!("tollgate.store.keys", "tollgate.store" => store.clone()),
+                    evicted_fresh: evictions("fresh"),
+                    evicted_with_state: evictions("with_state"),
+                }),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = label;
+            StoreMetrics {}
+        }
+    }
+
+    /// One store call: its duration in seconds, and its error if it failed.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn operation(&self, seconds: f64, error: Option<&StoreError>) {
+        #[cfg(feature = "metrics")]
+        match error {
+            None => self.inner.ok.record(seconds),
+            Some(e) => {
+                self.inner.failed.record(seconds);
+                let i = match e {
+                    StoreError::Timeout(_) => 0,
+                    StoreError::CircuitOpen => 1,
+                    _ => 2,
+                };
+                self.inner.errors[i].increment(1);
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (seconds, error);
+    }
+
+    /// The breaker moved to `state` (0 closed, 1 half-open, 2 open).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn breaker(&self, state: u8) {
+        #[cfg(feature = "metrics")]
+        self.inner.breaker.set(f64::from(state));
+        #[cfg(not(feature = "metrics"))]
+        let _ = state;
+    }
+
+    /// Keys added (positive) or removed.
+    #[inline]
+    pub(crate) fn keys(&self, delta: i64) {
+        #[cfg(feature = "metrics")]
+        if delta >= 0 {
+            self.inner.keys.increment(delta as f64);
+        } else {
+            self.inner.keys.decrement(-delta as f64);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = delta;
+    }
+
+    /// Keys evicted: back to fresh (nothing lost), or still carrying state.
+    pub(crate) fn evicted(&self, fresh: u64, with_state: u64) {
+        #[cfg(feature = "metrics")]
+        {
+            self.inner.evicted_fresh.increment(fresh);
+            self.inner.evicted_with_state.increment(with_state);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (fresh, with_state);
+        self.keys(-((fresh + with_state) as i64));
+    }
+}

@@ -1,0 +1,751 @@
+//! Policies: the limits a request must pass, and named sets of them chosen per request.
+//!
+//! A [`Policy`] is one to [`MAX_LIMITS`] [`Limit`]s that must all admit
+//! a request (then all are charged, otherwise none). A [`PolicySet`] names several
+//! policies (plans: `free`, `pro`) plus limits every one of them also applies (a daily
+//! cap); a layer picks one per request with a selector, and a [`PolicyHandle`] swaps the
+//! whole set while requests flow. Policies can be written as text:
+//!
+//! | text | limit |
+//! |---|---|
+//! | `100/s burst 200` | token bucket: 100 per second, bursts of 200 |
+//! | `10/min` | token bucket: 10 per minute, bursts of 10 |
+//! | `5/s meter` | strict leaky meter: 5 per second, evenly spaced |
+//! | `queue 100/s 50` | leaky-bucket queue: 100 per second, up to 50 waiting (`nodelay 10`: the first 10 at once) |
+//! | `1000/day window` | fixed window, UTC days (`offset 5h` moves the start) |
+//! | `1000/h sliding` | sliding-window counter |
+//! | `daily: 1000/day window` | a limit named `daily` in the `RateLimit` fields |
+//! | `5/s shadow`, `5/s enforce 25%` | decided and charged, refusing for no key / a quarter of keys |
+//!
+//! Limits of one policy are separated by commas: `"minute: 100/min, daily: 10000/day window"`.
+//!
+//! # How a key keeps its state across policies
+//!
+//! A key has one state, for the policy it was last decided under. When a request of the
+//! same key is decided under another policy (the key changed plan, or the set was swapped
+//! for one with other quotas), each limit takes over the state of the limit at the same
+//! position in the old policy (the limits every policy of a set applies come first, so
+//! they always line up):
+//!
+//! - the same parameters: the state as it is;
+//! - a token bucket (or meter, or queue) at the same rate: its exact fill, at most full;
+//! - otherwise the old limit's outstanding units at that instant, rounded up to whole
+//!   units, charged to the new limit at once, at most a full bucket or window.
+//!
+//! So an upgrade does not hand out a fresh burst (what was spent stays spent), and a
+//! downgrade does not refuse more than the new limit would have after the same traffic
+//! (the charge is capped at a full bucket: the wait never exceeds the new limit's own
+//! refill time). A limit with no counterpart starts fresh.
+//!
+//! ```
+//! use tollgate::{policy::PolicySet, Policy};
+//!
+//! let plans = PolicySet::from_text(
+//!     "free = 10/min\n\
+//!      pro = 100/min\n\
+//!      * = daily: 1000/day window",
+//! )?;
+//! let pro = plans.policy("pro").unwrap();
+//! assert_eq!(pro.limits()[0].name(), "daily"); // every policy's limits first
+//! assert_eq!(pro.limits()[1].name(), "pro");   // an unnamed limit takes its policy's name
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+pub(crate) mod handle;
+mod select;
+#[cfg(feature = "serde")]
+mod serde;
+mod text;
+
+use std::{
+    fmt,
+    hash::{Hash, Hasher},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+pub use handle::PolicyHandle;
+pub use select::{PolicyChoice, Select, SelectHead};
+
+use crate::{
+    algorithm::{Enforcement, Gcra, Limit, Params, MAX_WORDS},
+    decision::{Decision, LimitReport, Outcome},
+    error::ConfigError,
+    MAX_LIMITS,
+};
+
+/// One or more limits that must all admit a request. See the [module docs](self).
+///
+/// Cheap to clone (the limits are shared).
+#[derive(Clone)]
+pub struct Policy {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    limits: Vec<Limit>,
+    offsets: [u8; MAX_LIMITS],
+    words: usize,
+    fingerprint: u64,
+    /// A store's tag for this policy, cached: `store id << 32 | tag` (0: none yet).
+    tag: AtomicU64,
+    /// Whether some limit is enforced for a share of keys only (shadow included).
+    partial: bool,
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || self.inner.limits == other.inner.limits
+    }
+}
+
+impl Eq for Policy {}
+
+impl Hash for Policy {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.inner.limits.hash(state);
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("limits", &self.inner.limits)
+            .finish()
+    }
+}
+
+impl Policy {
+    fn build(limits: Vec<Limit>) -> Result<Self, ConfigError> {
+        if limits.is_empty() {
+            return Err(ConfigError::NoLimits);
+        }
+        if limits.len() > MAX_LIMITS {
+            return Err(ConfigError::TooManyLimits(limits.len()));
+        }
+        let mut offsets = [0u8; MAX_LIMITS];
+        let mut words = 0;
+        for (i, l) in limits.iter().enumerate() {
+            offsets[i] = words as u8;
+            words += l.params.words();
+        }
+        let partial = limits
+            .iter()
+            .any(|l| l.enforcement() != Enforcement::Enforced);
+        Ok(Policy {
+            inner: Arc::new(Inner {
+                fingerprint: fingerprint(&limits),
+                limits,
+                offsets,
+                words,
+                tag: AtomicU64::new(0),
+                partial,
+            }),
+        })
+    }
+
+    /// A policy of one limit.
+    pub fn new(limit: Limit) -> Self {
+        Policy::build(vec![limit]).expect("one limit is a valid policy")
+    }
+
+    /// A policy of several limits.
+    pub fn from_limits(limits: impl IntoIterator<Item = Limit>) -> Result<Self, ConfigError> {
+        Policy::build(limits.into_iter().collect())
+    }
+
+    /// Adds a limit that must also admit every request.
+    pub fn and(self, limit: Limit) -> Result<Self, ConfigError> {
+        let mut limits = self.inner.limits.clone();
+        limits.push(limit);
+        Policy::build(limits)
+    }
+
+    /// The limits, in order.
+    pub fn limits(&self) -> &[Limit] {
+        &self.inner.limits
+    }
+
+    /// How many `u64` words of state one key needs (all zero = fresh).
+    pub fn state_words(&self) -> usize {
+        self.inner.words
+    }
+
+    /// Largest cost any request can ever be admitted with.
+    pub fn max_cost(&self) -> u64 {
+        self.limits().iter().map(Limit::max_cost).min().unwrap_or(0)
+    }
+
+    /// Whether the single limit is GCRA-based (one state word, lock-free in memory).
+    #[inline]
+    pub(crate) fn single_gcra(&self) -> Option<&Gcra> {
+        match (self.inner.limits.len(), &self.inner.limits[0].params) {
+            (1, Params::Gcra(g)) => Some(g),
+            _ => None,
+        }
+    }
+
+    /// Whether some limit refuses for a share of keys only (see [`Limit::shadow`]).
+    #[inline]
+    pub(crate) fn is_partial(&self) -> bool {
+        self.inner.partial
+    }
+
+    /// A stable identifier of the limits' parameters (not their names or enforcement):
+    /// two policies with the same fingerprint read and write state the same way.
+    pub fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint
+    }
+
+    /// The tag a store (`store`, a process-unique id) gives this policy, if cached.
+    #[inline]
+    pub(crate) fn cached_tag(&self, store: u32) -> Option<u32> {
+        let t = self.inner.tag.load(Ordering::Relaxed);
+        (t >> 32 == u64::from(store)).then_some(t as u32)
+    }
+
+    pub(crate) fn cache_tag(&self, store: u32, tag: u32) {
+        self.inner
+            .tag
+            .store(u64::from(store) << 32 | u64::from(tag), Ordering::Relaxed);
+    }
+
+    fn slice<'a>(&self, s: &'a [u64], i: usize) -> &'a [u64] {
+        let off = self.inner.offsets[i] as usize;
+        &s[off..off + self.inner.limits[i].params.words()]
+    }
+
+    /// Evaluates every limit without writing. Returns the decision and, when admitted,
+    /// the new state.
+    pub(crate) fn eval(
+        &self,
+        state: &[u64],
+        now: u64,
+        cost: u64,
+    ) -> (Decision, Option<[u64; MAX_WORDS]>) {
+        debug_assert!(state.len() >= self.inner.words);
+        let limits = self.limits();
+        let mut reports = [LimitReport::default(); MAX_LIMITS];
+        let mut next = [0u64; MAX_WORDS];
+        let mut wait = Duration::ZERO;
+        let mut retry: Option<Duration> = None;
+        let mut exceeds = false;
+        for (i, limit) in limits.iter().enumerate() {
+            let s = self.slice(state, i);
+            let (o, n, mut r) = limit.eval(s, now, cost);
+            r.index = i as u8;
+            reports[i] = r;
+            let off = self.inner.offsets[i] as usize;
+            let k = limit.params.words();
+            match o {
+                Outcome::Allowed { wait: w } => {
+                    wait = wait.max(w);
+                    next[off..off + k].copy_from_slice(&n.unwrap_or_default()[..k]);
+                }
+                Outcome::Denied { retry_after } => {
+                    retry = Some(retry.map_or(retry_after, |r| r.max(retry_after)));
+                }
+                Outcome::Exceeds => exceeds = true,
+            }
+        }
+        let outcome = if exceeds {
+            Outcome::Exceeds
+        } else if let Some(retry_after) = retry {
+            Outcome::Denied { retry_after }
+        } else {
+            Outcome::Allowed { wait }
+        };
+        let admitted = matches!(outcome, Outcome::Allowed { .. });
+        if !admitted && limits.len() > 1 {
+            // Nothing is charged: limits that would have admitted report their state as is.
+            for (i, limit) in limits.iter().enumerate() {
+                if reports[i].allowed {
+                    reports[i] = LimitReport {
+                        index: i as u8,
+                        ..limit.eval(self.slice(state, i), now, 0).2
+                    };
+                }
+            }
+        }
+        let decision = Decision {
+            outcome,
+            source: crate::decision::Source::Local,
+            len: limits.len() as u8,
+            limits: reports,
+            shadow: false,
+        };
+        (decision, admitted.then_some(next))
+    }
+
+    /// Decides and, when admitted, charges `cost` to `state` (all limits or none).
+    ///
+    /// `state` must hold at least [`Policy::state_words`] words; `now` is in nanoseconds
+    /// since the Unix epoch (windows are aligned to it), from a clock that does not go
+    /// back.
+    pub fn decide(&self, state: &mut [u64], now: u64, cost: u64) -> Decision {
+        let (d, next) = self.eval(state, now, cost);
+        if let Some(next) = next {
+            let w = self.inner.words;
+            state[..w].copy_from_slice(&next[..w]);
+        }
+        d
+    }
+
+    /// Decides without charging anything: what [`Policy::decide`] would answer now.
+    pub fn peek(&self, state: &[u64], now: u64, cost: u64) -> Decision {
+        self.eval(state, now, cost).0
+    }
+
+    /// Gives back `cost` units to every limit (a queued request dropped before its slot).
+    pub fn refund(&self, state: &mut [u64], now: u64, cost: u64) {
+        for (i, limit) in self.limits().iter().enumerate() {
+            let off = self.inner.offsets[i] as usize;
+            limit.refund(&mut state[off..off + limit.params.words()], now, cost);
+        }
+    }
+
+    /// Whether `state` is indistinguishable from a fresh key at `now` (so it may be
+    /// forgotten).
+    pub fn is_fresh(&self, state: &[u64], now: u64) -> bool {
+        self.limits()
+            .iter()
+            .enumerate()
+            .all(|(i, l)| l.is_fresh(self.slice(state, i), now))
+    }
+
+    /// This policy's state for a key whose state under `old` was `state`, at `now` (see
+    /// the [module docs](self): limits take over by position).
+    pub fn carry_from(&self, old: &Policy, state: &[u64], now: u64) -> [u64; MAX_WORDS] {
+        let mut out = [0; MAX_WORDS];
+        for (i, limit) in self.limits().iter().enumerate() {
+            let Some(was) = old.limits().get(i) else {
+                break;
+            };
+            let carried = limit.carry(was, old.slice(state, i), now);
+            let off = self.inner.offsets[i] as usize;
+            let k = limit.params.words();
+            out[off..off + k].copy_from_slice(&carried[..k]);
+        }
+        out
+    }
+
+    /// Whether a refusal by this decision refuses the request for a key whose rollout
+    /// hash is `key_hash`: some limit that refused is enforced for that key.
+    pub(crate) fn enforces(&self, d: &Decision, key_hash: u64) -> bool {
+        d.violated().any(|r| {
+            self.limits()[r.index()]
+                .enforcement()
+                .enforced_for(key_hash)
+        })
+    }
+}
+
+/// FNV-1a over the limits' parameters: stable across processes and builds.
+fn fingerprint(limits: &[Limit]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |v: u64| {
+        for b in v.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for l in limits {
+        match l.params {
+            Params::Gcra(g) => {
+                mix(1);
+                mix(g.t);
+                mix(g.tau);
+                mix(g.cap);
+                mix(g.free);
+            }
+            Params::Fixed(w) => {
+                mix(2);
+                mix(w.w);
+                mix(w.limit);
+                mix(w.shift);
+            }
+            Params::Sliding(w) => {
+                mix(3);
+                mix(w.w);
+                mix(w.limit);
+                mix(w.shift);
+            }
+        }
+    }
+    h
+}
+
+impl From<Limit> for Policy {
+    fn from(limit: Limit) -> Self {
+        Policy::new(limit)
+    }
+}
+
+/// Named policies, and the limits every one of them also applies. See the
+/// [module docs](self).
+///
+/// The first policy is the fallback: what a selector's unknown name gets (see the layer
+/// builders' `select`). A set without names holds one policy (a layer's `limit` calls).
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct PolicySet {
+    inner: Arc<SetInner>,
+}
+
+struct SetInner {
+    entries: Vec<Entry>,
+    every: Vec<Limit>,
+}
+
+/// One policy of a set.
+pub(crate) struct Entry {
+    pub(crate) name: Option<Arc<str>>,
+    /// The limits every policy applies, then the policy's own.
+    pub(crate) policy: Policy,
+}
+
+impl fmt::Debug for PolicySet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for e in &self.inner.entries {
+            m.entry(&e.name.as_deref().unwrap_or("(unnamed)"), &e.policy);
+        }
+        m.finish()
+    }
+}
+
+impl PartialEq for PolicySet {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.entries.len() == other.inner.entries.len()
+            && self
+                .inner
+                .entries
+                .iter()
+                .zip(&other.inner.entries)
+                .all(|(a, b)| a.name == b.name && a.policy == b.policy)
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name == "*" || !name.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(ConfigError::PolicySet(format!(
+            "policy name {name:?} must be printable ASCII without spaces, and not \"*\""
+        )));
+    }
+    Ok(())
+}
+
+impl PolicySet {
+    /// A set of one unnamed policy.
+    pub fn single(policy: impl Into<Policy>) -> Self {
+        PolicySet {
+            inner: Arc::new(SetInner {
+                entries: vec![Entry {
+                    name: None,
+                    policy: policy.into(),
+                }],
+                every: Vec::new(),
+            }),
+        }
+    }
+
+    /// Named policies (the first is the fallback) and the limits every one of them also
+    /// applies, first. A policy's limits without a name of their own take the policy's
+    /// name (`pro`), or `pro-2` and so on when it has several.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::PolicySet`] for no policy, a duplicate or unusable name;
+    /// [`ConfigError::TooManyLimits`] when a policy and the common limits exceed
+    /// [`MAX_LIMITS`].
+    pub fn named<N: Into<String>>(
+        policies: impl IntoIterator<Item = (N, Policy)>,
+        every: impl IntoIterator<Item = Limit>,
+    ) -> Result<Self, ConfigError> {
+        let every: Vec<Limit> = every.into_iter().collect();
+        let mut entries: Vec<Entry> = Vec::new();
+        for (name, policy) in policies {
+            let name: String = name.into();
+            check_name(&name)?;
+            if entries.iter().any(|e| e.name.as_deref() == Some(&*name)) {
+                return Err(ConfigError::PolicySet(format!(
+                    "policy {name:?} appears twice"
+                )));
+            }
+            let own = policy.limits();
+            let several = own.len() > 1;
+            let limits = every
+                .iter()
+                .cloned()
+                .chain(own.iter().enumerate().map(|(i, l)| {
+                    let default = if several {
+                        format!("{name}-{}", i + 1)
+                    } else {
+                        name.clone()
+                    };
+                    l.clone().named_by_default(&default)
+                }));
+            let policy = Policy::from_limits(limits)
+                .map_err(|e| ConfigError::PolicySet(format!("policy {name:?}: {e}")))?;
+            entries.push(Entry {
+                name: Some(name.into()),
+                policy,
+            });
+        }
+        if entries.is_empty() {
+            return Err(ConfigError::PolicySet("no policy in the set".into()));
+        }
+        Ok(PolicySet {
+            inner: Arc::new(SetInner { entries, every }),
+        })
+    }
+
+    /// From `(name, policy, line)` entries as read from text: `*` holds the common limits.
+    pub(crate) fn from_entries(
+        entries: Vec<(String, Policy, usize)>,
+    ) -> Result<PolicySet, ConfigError> {
+        let mut every = Vec::new();
+        let mut named = Vec::new();
+        for (name, policy, line) in entries {
+            if name == "*" {
+                if !every.is_empty() {
+                    return Err(ConfigError::Line {
+                        line,
+                        error: Box::new(ConfigError::PolicySet("\"*\" appears twice".into())),
+                    });
+                }
+                every = policy.limits().to_vec();
+            } else {
+                check_name(&name).map_err(|e| ConfigError::Line {
+                    line,
+                    error: Box::new(e),
+                })?;
+                named.push((name, policy));
+            }
+        }
+        PolicySet::named(named, every)
+    }
+
+    /// The names of the policies, the fallback first (none for a set of one unnamed
+    /// policy).
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.inner.entries.iter().filter_map(|e| e.name.as_deref())
+    }
+
+    /// The policy named `name` as it applies: the common limits first, then its own.
+    pub fn policy(&self, name: &str) -> Option<&Policy> {
+        self.index_of(name).map(|i| &self.inner.entries[i].policy)
+    }
+
+    /// The fallback policy (the first).
+    pub fn fallback(&self) -> &Policy {
+        &self.inner.entries[0].policy
+    }
+
+    /// Every policy as it applies, in order.
+    pub fn policies(&self) -> impl Iterator<Item = &Policy> + '_ {
+        self.inner.entries.iter().map(|e| &e.policy)
+    }
+
+    /// The limits every policy applies.
+    pub fn every(&self) -> &[Limit] {
+        &self.inner.every
+    }
+
+    #[inline]
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
+        self.inner
+            .entries
+            .iter()
+            .position(|e| e.name.as_deref() == Some(name))
+    }
+
+    #[inline]
+    pub(crate) fn entry(&self, i: usize) -> &Entry {
+        &self.inner.entries[i.min(self.inner.entries.len() - 1)]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.inner.entries.len()
+    }
+}
+
+impl From<Policy> for PolicySet {
+    fn from(policy: Policy) -> Self {
+        PolicySet::single(policy)
+    }
+}
+
+impl From<Limit> for PolicySet {
+    fn from(limit: Limit) -> Self {
+        PolicySet::single(Policy::new(limit))
+    }
+}
+
+/// A value that names a policy of a set: what a selector returns.
+///
+/// Strings name any policy; an unknown name gets the set's fallback. An enum of plans can
+/// list every name it takes ([`PolicyName::all_names`]), and a layer then refuses to build
+/// (or a swap to install) a set that lacks one of them.
+///
+/// ```
+/// use tollgate::policy::PolicyName;
+///
+/// #[derive(Clone, Copy)]
+/// enum Plan { Free, Pro }
+///
+/// impl PolicyName for Plan {
+///     fn policy_name(&self) -> &str {
+///         match self { Plan::Free => "free", Plan::Pro => "pro" }
+///     }
+///     fn all_names() -> Option<&'static [&'static str]> {
+///         Some(&["free", "pro"])
+///     }
+/// }
+/// ```
+pub trait PolicyName {
+    /// The name of the policy.
+    fn policy_name(&self) -> &str;
+
+    /// Every name values of this type can take, when they are a closed set.
+    fn all_names() -> Option<&'static [&'static str]>
+    where
+        Self: Sized,
+    {
+        None
+    }
+}
+
+impl PolicyName for &str {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl PolicyName for String {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl PolicyName for Arc<str> {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl<N: PolicyName> PolicyName for Option<N> {
+    /// `None` names the fallback.
+    fn policy_name(&self) -> &str {
+        self.as_ref().map_or("", PolicyName::policy_name)
+    }
+}
+
+/// Checks that a set holds every name a closed selector can return.
+pub(crate) fn check_names(
+    set: &PolicySet,
+    names: Option<&'static [&'static str]>,
+) -> Result<(), ConfigError> {
+    for n in names.unwrap_or_default() {
+        if set.index_of(n).is_none() {
+            return Err(ConfigError::PolicySet(format!(
+                "the selector can name {n:?}, which the set lacks (it has {})",
+                set.names().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    fn tb(q: Quota) -> Limit {
+        Limit::token_bucket(q).unwrap()
+    }
+
+    #[test]
+    fn a_set_names_its_policies_limits_and_puts_the_common_ones_first() {
+        let daily = Limit::fixed_window(Quota::per_day(1000).unwrap())
+            .unwrap()
+            .named("daily")
+            .unwrap();
+        let set = PolicySet::named(
+            [
+                ("free", Policy::new(tb(Quota::per_minute(10).unwrap()))),
+                (
+                    "pro",
+                    Policy::from_limits([
+                        tb(Quota::per_minute(100).unwrap()),
+                        tb(Quota::per_second(5).unwrap()).named("burst").unwrap(),
+                    ])
+                    .unwrap(),
+                ),
+            ],
+            [daily],
+        )
+        .unwrap();
+        let names = |p: &Policy| {
+            p.limits()
+                .iter()
+                .map(|l| l.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(set.policy("free").unwrap()), ["daily", "free"]);
+        assert_eq!(
+            names(set.policy("pro").unwrap()),
+            ["daily", "pro-1", "burst"]
+        );
+        assert_eq!(set.fallback(), set.policy("free").unwrap());
+        assert!(PolicySet::named(
+            [("a b", Policy::new(tb(Quota::per_second(1).unwrap())))],
+            []
+        )
+        .is_err());
+        assert!(PolicySet::named(Vec::<(&str, Policy)>::new(), []).is_err());
+    }
+
+    /// The conversion of the module docs, exactly.
+    #[test]
+    fn state_is_carried_by_position() {
+        let now = 1_000_000_000_000u64;
+        let free = Policy::new(tb(Quota::per_minute(10).unwrap())); // T = 6 s, burst 10
+        let pro = Policy::new(tb(Quota::per_minute(100).unwrap())); // T = 0.6 s, burst 100
+        let mut s = [0u64; MAX_WORDS];
+        for _ in 0..10 {
+            assert!(free.decide(&mut s, now, 1).is_allowed());
+        }
+        // Upgrade: the 10 spent units stay spent: 90 left, not a fresh 100.
+        let mut up = pro.carry_from(&free, &s, now);
+        assert_eq!(pro.peek(&up, now, 0).remaining(), 90);
+        // Half a unit drained counts as a whole one still outstanding.
+        let later = now + 3_000_000_000;
+        let up_later = pro.carry_from(&free, &s, later);
+        assert_eq!(pro.peek(&up_later, later, 0).remaining(), 90);
+        // Downgrade after 30 of 100: at most a full bucket (10), never a debt beyond it:
+        // the next unit comes in one emission interval (6 s).
+        for _ in 0..20 {
+            assert!(pro.decide(&mut up, now, 1).is_allowed());
+        }
+        let down = free.carry_from(&pro, &up, now);
+        let d = free.peek(&down, now, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(6)));
+        // Same rate, another burst: the exact fill is kept (no rounding).
+        let wide = Policy::new(tb(Quota::per_minute(10).unwrap().with_burst(20).unwrap()));
+        let mut one = [0u64; MAX_WORDS];
+        free.decide(&mut one, now, 1);
+        let kept = wide.carry_from(&free, &one, now + 1);
+        assert_eq!(kept[0], one[0]);
+        // A window takes the bucket's outstanding units into the current window.
+        let window = Policy::new(Limit::fixed_window(Quota::per_minute(10).unwrap()).unwrap());
+        let w = window.carry_from(&free, &s, now);
+        assert_eq!(window.peek(&w, now, 0).remaining(), 0);
+        // And the same parameters keep the state word for word.
+        assert_eq!(free.carry_from(&free.clone(), &s, later), s);
+    }
+}

@@ -1,0 +1,313 @@
+//! Policies written as text: `"100/s burst 200"`, `"10/min"`, `"1000/day window"`,
+//! `"queue 100/s 50"`. See [`Policy`]'s `FromStr` and [`PolicySet::from_text`].
+
+use std::{str::FromStr, time::Duration};
+
+use super::PolicySet;
+use crate::{algorithm::Limit, error::ConfigError, quota::Quota, Policy};
+
+/// A parse error: what was wrong, and the part of the text it was found in.
+fn bad(part: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Parse {
+        part: part.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// A time unit in nanoseconds.
+fn unit(text: &str) -> Option<u64> {
+    const S: u64 = 1_000_000_000;
+    Some(match text {
+        "ms" | "msec" | "millisecond" | "milliseconds" => 1_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => S,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60 * S,
+        "h" | "hr" | "hour" | "hours" => 3600 * S,
+        "d" | "day" | "days" => 86_400 * S,
+        _ => return None,
+    })
+}
+
+const UNITS: &str = "ms, s, min, h or day";
+
+fn int(part: &str, text: &str, what: &str) -> Result<u64, ConfigError> {
+    text.parse::<u64>()
+        .map_err(|_| bad(part, format!("{what} {text:?} is not a whole number")))
+}
+
+/// `5h`, `30min`, `1s`: a number followed by a unit.
+fn duration(part: &str, text: &str) -> Result<Duration, ConfigError> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (n, u) = text.split_at(digits);
+    let n = int(part, n, "duration")?;
+    let u = unit(u).ok_or_else(|| {
+        bad(
+            part,
+            format!("unknown time unit {u:?} in {text:?} (expected {UNITS})"),
+        )
+    })?;
+    n.checked_mul(u)
+        .map(Duration::from_nanos)
+        .ok_or_else(|| bad(part, format!("duration {text:?} is too long")))
+}
+
+/// `100/s`, `10/min`, `5/12s`: units per period.
+fn rate(part: &str, text: &str) -> Result<Quota, ConfigError> {
+    let (n, per) = text.split_once('/').ok_or_else(|| {
+        bad(
+            part,
+            format!("expected a rate such as 100/s, found {text:?}"),
+        )
+    })?;
+    let n = int(part, n, "the rate's count")?;
+    let period = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        duration(part, per)?
+    } else {
+        Duration::from_nanos(unit(per).ok_or_else(|| {
+            bad(
+                part,
+                format!("unknown time unit {per:?} in {text:?} (expected {UNITS})"),
+            )
+        })?)
+    };
+    Quota::new(n, period).map_err(|e| bad(part, e.to_string()))
+}
+
+/// One limit: `[name:] body [options]`.
+fn limit(part: &str) -> Result<Limit, ConfigError> {
+    let mut words = part.split_whitespace().peekable();
+    let mut name = None;
+    if let Some(w) = words.peek() {
+        if let Some(n) = w.strip_suffix(':') {
+            name = Some(n.to_owned());
+            words.next();
+        }
+    }
+    let first = words
+        .next()
+        .ok_or_else(|| bad(part, "an empty limit (expected a rate such as 100/s)"))?;
+    let queued = first == "queue";
+    let quota = rate(
+        part,
+        if queued {
+            words.next().unwrap_or("")
+        } else {
+            first
+        },
+    )?;
+    let mut queue = None;
+    if queued {
+        let size = words
+            .next()
+            .ok_or_else(|| bad(part, "a queue needs its size: queue 100/s 50"))?;
+        queue = Some(int(part, size, "the queue size")?);
+    }
+    let (mut burst, mut nodelay, mut offset) = (None, None, None);
+    let (mut kind, mut mode) = ("", None);
+    while let Some(w) = words.next() {
+        let mut value = |what: &str| {
+            words
+                .next()
+                .ok_or_else(|| bad(part, format!("{w:?} needs {what}")))
+        };
+        match w {
+            "burst" => burst = Some(int(part, value("a number")?, "the burst")?),
+            "nodelay" => nodelay = Some(int(part, value("a number")?, "nodelay")?),
+            "offset" => offset = Some(duration(part, value("a duration such as 5h")?)?),
+            "meter" | "window" | "sliding" if kind.is_empty() && !queued => kind = w,
+            "shadow" => mode = Some(None),
+            "enforce" => {
+                let p = value("a percentage such as 25%")?;
+                let n = p
+                    .strip_suffix('%')
+                    .and_then(|n| n.parse::<f64>().ok())
+                    .ok_or_else(|| bad(part, format!("{p:?} is not a percentage such as 25%")))?;
+                mode = Some(Some(n));
+            }
+            other => return Err(bad(part, format!("unexpected {other:?}"))),
+        }
+    }
+    let fail = |e: ConfigError| bad(part, e.to_string());
+    let small = |n: u64, what: &str| {
+        u32::try_from(n).map_err(|_| bad(part, format!("{what} {n} is too large")))
+    };
+    let mut l = match (queue, kind) {
+        (Some(q), _) => {
+            let nodelay = small(nodelay.unwrap_or(0), "nodelay")?;
+            Limit::leaky_queue_nodelay(quota, small(q, "the queue size")?, nodelay)
+        }
+        (None, "meter") => Limit::leaky_meter(quota),
+        (None, "window") => Limit::fixed_window(quota),
+        (None, "sliding") => Limit::sliding_window(quota),
+        _ => match burst {
+            Some(b) => quota.with_burst(b).and_then(Limit::token_bucket),
+            None => Limit::token_bucket(quota),
+        },
+    }
+    .map_err(fail)?;
+    if burst.is_some() && !kind.is_empty() {
+        return Err(bad(part, format!("a {kind} takes no burst")));
+    }
+    if nodelay.is_some() && !queued {
+        return Err(bad(part, "nodelay applies to a queue only"));
+    }
+    if let Some(o) = offset {
+        l = l.with_window_offset(o).map_err(fail)?;
+    }
+    if let Some(n) = name {
+        l = l.named(n).map_err(fail)?;
+    }
+    match mode {
+        None => {}
+        Some(None) => l = l.shadow(),
+        Some(Some(percent)) => l = l.enforce_percent(percent).map_err(fail)?,
+    }
+    Ok(l)
+}
+
+/// A policy: limits separated by commas.
+///
+/// ```
+/// use tollgate::Policy;
+///
+/// let api: Policy = "minute: 100/min burst 20, daily: 10000/day window".parse()?;
+/// assert_eq!(api.limits().len(), 2);
+/// assert_eq!(api.limits()[1].name(), "daily");
+///
+/// let err = "100/fortnight".parse::<Policy>().unwrap_err();
+/// assert!(err.to_string().contains("\"fortnight\""), "{err}");
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+impl FromStr for Policy {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let limits = text
+            .split(',')
+            .map(|part| limit(part.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Policy::from_limits(limits).map_err(|e| bad(text, e.to_string()))
+    }
+}
+
+impl PolicySet {
+    /// Reads a set written one policy per line, `name = policy`; the name `*` holds the
+    /// limits every policy also applies; `#` starts a comment. An error names the line.
+    ///
+    /// ```
+    /// use tollgate::policy::PolicySet;
+    ///
+    /// let plans = PolicySet::from_text(
+    ///     "# plans\n\
+    ///      free = 10/min\n\
+    ///      pro = 100/min\n\
+    ///      * = daily: 1000/day window\n",
+    /// )?;
+    /// assert_eq!(plans.names().collect::<Vec<_>>(), ["free", "pro"]);
+    ///
+    /// let err = PolicySet::from_text("free = 10/min\npro = 100/mni").unwrap_err();
+    /// assert!(err.to_string().starts_with("line 2"), "{err}");
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn from_text(text: &str) -> Result<PolicySet, ConfigError> {
+        let mut entries = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at_line = |e: ConfigError| ConfigError::Line {
+                line: i + 1,
+                error: Box::new(e),
+            };
+            let (name, policy) = line
+                .split_once('=')
+                .ok_or_else(|| at_line(bad(line, "expected `name = policy`")))?;
+            let policy = policy.trim().parse::<Policy>().map_err(at_line)?;
+            entries.push((name.trim().to_owned(), policy, i + 1));
+        }
+        PolicySet::from_entries(entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    fn one(text: &str) -> Limit {
+        let p: Policy = text.parse().unwrap();
+        assert_eq!(p.limits().len(), 1, "{text}");
+        p.limits()[0].clone()
+    }
+
+    #[test]
+    fn the_documented_forms() {
+        let l = one("100/s burst 200");
+        assert_eq!(l.algorithm(), Algorithm::TokenBucket);
+        assert_eq!(
+            l.quota(),
+            &Quota::per_second(100).unwrap().with_burst(200).unwrap()
+        );
+        assert_eq!(one("10/min").quota(), &Quota::per_minute(10).unwrap());
+        let w = one("1000/day window");
+        assert_eq!(w.algorithm(), Algorithm::FixedWindow);
+        assert_eq!(w.quota(), &Quota::per_day(1000).unwrap());
+        let q = one("queue 100/s 50");
+        assert_eq!(
+            q.algorithm(),
+            Algorithm::LeakyQueue {
+                queue: 50,
+                nodelay: 0
+            }
+        );
+        assert_eq!(
+            one("queue 10/s 20 nodelay 5").algorithm(),
+            Algorithm::LeakyQueue {
+                queue: 20,
+                nodelay: 5
+            }
+        );
+        assert_eq!(one("5/s meter").algorithm(), Algorithm::LeakyMeter);
+        assert_eq!(one("50/h sliding").algorithm(), Algorithm::SlidingWindow);
+        assert_eq!(
+            one("5/12s").quota(),
+            &Quota::new(5, Duration::from_secs(12)).unwrap()
+        );
+        assert_eq!(one("daily: 1000/day window").name(), "daily");
+        assert_eq!(
+            one("1/day window offset 5h"),
+            Limit::fixed_window(Quota::per_day(1).unwrap())
+                .unwrap()
+                .with_window_offset(Duration::from_secs(5 * 3600))
+                .unwrap()
+        );
+        assert!(one("5/s shadow").is_shadow());
+        assert_eq!(one("5/s enforce 25%").enforced_percent(), 25.0);
+    }
+
+    #[test]
+    fn bad_texts_name_the_bad_part() {
+        for (text, needle) in [
+            ("", "empty limit"),
+            ("100", "expected a rate"),
+            ("x/s", "\"x\" is not a whole number"),
+            ("100/fortnight", "unknown time unit \"fortnight\""),
+            ("0/s", "at least 1"),
+            ("100/s burst", "\"burst\" needs a number"),
+            ("100/s burst x", "the burst \"x\""),
+            ("100/s window burst 3", "takes no burst"),
+            ("5/s meter burst 2", "takes no burst"),
+            ("queue 100/s", "needs its size"),
+            ("100/s nodelay 2", "queue only"),
+            ("100/s turbo", "unexpected \"turbo\""),
+            ("10/s, 5/s, 4/s, 3/s, 2/s", "at most"),
+            ("5/s enforce lots", "not a percentage"),
+            ("5/s enforce 120%", "percent"),
+        ] {
+            let err = text.parse::<Policy>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+}

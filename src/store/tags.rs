@@ -1,0 +1,75 @@
+//! Policy tags: the small number a store keeps with each key's state to say which policy
+//! wrote it, so that a state can be carried over when the key is decided under another.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        PoisonError, RwLock,
+    },
+};
+
+use crate::Policy;
+
+static STORE_IDS: AtomicU32 = AtomicU32::new(1);
+
+/// One store's policies by tag: one tag per distinct set of parameters it has written
+/// state under, so the table grows with the configurations used, not with requests.
+pub(crate) struct Tags {
+    /// Process-unique, for the tag each policy caches.
+    id: u32,
+    registry: RwLock<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_fingerprint: HashMap<u64, u32>,
+    policies: Vec<Policy>,
+}
+
+impl Tags {
+    pub(crate) fn new() -> Self {
+        Tags {
+            id: STORE_IDS.fetch_add(1, Ordering::Relaxed),
+            registry: RwLock::new(Registry::default()),
+        }
+    }
+
+    /// The tag of `policy`: cached in the policy, or registered (once per distinct set of
+    /// parameters).
+    #[inline]
+    pub(crate) fn tag(&self, policy: &Policy) -> u32 {
+        match policy.cached_tag(self.id) {
+            Some(t) => t,
+            None => self.register(policy),
+        }
+    }
+
+    #[cold]
+    fn register(&self, policy: &Policy) -> u32 {
+        let mut r = self
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let next = r.policies.len() as u32;
+        let tag = *r.by_fingerprint.entry(policy.fingerprint()).or_insert(next);
+        if tag == next {
+            r.policies.push(policy.clone());
+        }
+        policy.cache_tag(self.id, tag);
+        tag
+    }
+
+    /// The policy a state tagged `tag` was written under.
+    #[cfg(feature = "redis")]
+    pub(crate) fn policy(&self, tag: u32) -> Option<Policy> {
+        let r = self.registry.read().unwrap_or_else(PoisonError::into_inner);
+        r.policies.get(tag as usize).cloned()
+    }
+
+    /// Runs `f` on the policy tagged `tag` without cloning it.
+    pub(crate) fn with<R>(&self, tag: u32, f: impl FnOnce(Option<&Policy>) -> R) -> R {
+        let r = self.registry.read().unwrap_or_else(PoisonError::into_inner);
+        f(r.policies.get(tag as usize))
+    }
+}
