@@ -9,7 +9,7 @@ mod redis_support;
 
 use std::{collections::HashSet, time::Duration};
 
-use equiv::{compare, ops_strategy, policy_strategy};
+use equiv::{compare, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
 use redis_support::{stored_words, RedisCluster};
@@ -40,11 +40,11 @@ fn semantics_through_a_cluster() {
     runner
         .run(
             &(
-                policy_strategy(),
+                policies_strategy(),
                 ops_strategy(),
                 1_750_000_000_000_000u64..1_760_000_000_000_000u64,
             ),
-            |(policy, ops, start)| rt.block_on(compare(&conn, &policy, start, &ops)),
+            |(policies, ops, start)| rt.block_on(compare(&conn, &policies, start, &ops)),
         )
         .unwrap();
 

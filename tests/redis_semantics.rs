@@ -9,7 +9,7 @@ mod redis_support;
 
 use std::time::Duration;
 
-use equiv::{compare, ops_strategy, policy_strategy};
+use equiv::{compare, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{stored_words, Target};
 use tollgate::{
@@ -41,8 +41,8 @@ fn equivalent_to_memory_store() {
     let start = 1_750_000_000_000_000u64..1_760_000_000_000_000u64;
     runner
         .run(
-            &(policy_strategy(), ops_strategy(), start),
-            |(policy, ops, start)| rt.block_on(compare(&conn, &policy, start, &ops)),
+            &(policies_strategy(), ops_strategy(), start),
+            |(policies, ops, start)| rt.block_on(compare(&conn, &policies, start, &ops)),
         )
         .unwrap();
 }
@@ -63,20 +63,20 @@ fn boundaries_match() {
         .and(Limit::fixed_window(Quota::new(4, Duration::from_millis(700)).unwrap()).unwrap())
         .unwrap();
         let t0 = 1_755_000_000_123_456u64;
-        let mut ops = vec![(0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 7)];
+        let mut ops = vec![(0, 1, 0, 0), (0, 1, 0, 0), (0, 1, 0, 0), (0, 1, 7, 0)];
         // Walk to exactly the retry-after of the third request and around it.
         for _ in 0..40 {
-            ops.push((1, 1, 7));
+            ops.push((1, 1, 7, 0));
         }
         ops.extend([
-            (333_333, 1, 0),
-            (0, 1, 0),
-            (59_000_000, 2, 0),
-            (1, 9, 0),
-            (0, 3, 9),
-            (0, 1, 0),
+            (333_333, 1, 0, 0),
+            (0, 1, 0, 0),
+            (59_000_000, 2, 0, 0),
+            (1, 9, 0, 0),
+            (0, 3, 9, 0),
+            (0, 1, 0, 0),
         ]);
-        compare(&conn, &policy, t0, &ops).await.unwrap();
+        compare(&conn, &[policy], t0, &ops).await.unwrap();
     });
 }
 

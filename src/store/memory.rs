@@ -309,10 +309,15 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         rehash: impl Fn(&S) -> u64 + Copy,
     ) -> Decision {
         let policy = cx.policy;
-        // A cost no fresh bucket admits is refused without a write (and without the
-        // write lock), whatever the key's state.
+        // An unknown key asking for a cost no fresh bucket admits is refused without a
+        // write (and without the write lock).
         if op == Op::Check && policy.max_cost() < cost {
-            return policy.eval(&[0; MAX_WORDS], now(), cost).0;
+            let inner = self.read(hash);
+            let known = inner.one.find(hash, |e| e.0 == *key).is_some()
+                || inner.many.find(hash, |e| e.0 == *key).is_some();
+            if !known {
+                return policy.eval(&[0; MAX_WORDS], now(), cost).0;
+            }
         }
         if op == Op::Peek {
             // A look changes nothing: the state as this policy would see it.

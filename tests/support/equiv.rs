@@ -11,7 +11,7 @@ use proptest::{prelude::*, test_runner::TestCaseError};
 use tollgate::{
     clock::{Clock, ManualClock},
     decision::Source,
-    store::{MemoryStore, RedisConnection, RedisStore},
+    store::{MemoryStore, RedisConnection, RedisStore, Store},
     Limit, Policy, Quota,
 };
 
@@ -40,22 +40,35 @@ pub fn policy_strategy() -> impl Strategy<Value = Policy> {
     prop::collection::vec(limit_strategy(), 1..=3).prop_map(|l| Policy::from_limits(l).unwrap())
 }
 
-/// (gap in µs, cost, op: 0-6 check, 7-8 peek, 9 refund)
-pub fn ops_strategy() -> impl Strategy<Value = Vec<(u64, u64, u8)>> {
+/// One to three policies a key is decided under in turn (plans, or a live change).
+pub fn policies_strategy() -> impl Strategy<Value = Vec<Policy>> {
+    prop::collection::vec(policy_strategy(), 1..=3)
+}
+
+/// (gap in µs, cost, op: 0-6 check, 7-8 peek, 9 refund, the policy it is under)
+pub fn ops_strategy() -> impl Strategy<Value = Vec<Op>> {
     let gap = prop_oneof![Just(0u64), 0u64..2_000, 0u64..400_000];
     let cost = prop_oneof![8 => 0u64..4, 1 => 4u64..60];
-    prop::collection::vec((gap, cost, 0u8..10), 1..60)
+    // Mostly one policy for a while, then another: runs of the same index.
+    let which = prop_oneof![6 => Just(0u8), 1 => 0u8..3];
+    prop::collection::vec((gap, cost, 0u8..10, which), 1..60)
 }
+
+/// An operation of a sequence: gap in µs, cost, kind, policy index.
+pub type Op = (u64, u64, u8, u8);
 
 static KEY: AtomicU64 = AtomicU64::new(0);
 
 /// Runs one sequence on both stores, on one manual clock starting at `start_us`
-/// microseconds past the Unix epoch, and compares every decision.
+/// microseconds past the Unix epoch, and compares every decision. Each operation is
+/// decided under one of `policies`: on Redis by a store built for that policy (instances
+/// with other configurations, sharing the key's state), in memory by one store told the
+/// policy per call.
 pub async fn compare(
     conn: &RedisConnection,
-    policy: &Policy,
+    policies: &[Policy],
     start_us: u64,
-    ops: &[(u64, u64, u8)],
+    ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let key = format!(
         "eq-{}-{}",
@@ -63,37 +76,59 @@ pub async fn compare(
         KEY.fetch_add(1, Ordering::Relaxed)
     );
     let clock = ManualClock::at(Duration::from_micros(start_us));
-    let store = RedisStore::builder(policy.clone())
-        .clock(clock.clone())
-        .negative_cache(0)
-        .build(conn.clone())
-        .unwrap();
-    let mem = MemoryStore::<String, _>::new(policy.clone()).with_clock(clock.clone());
-    for (i, &(gap, cost, op)) in ops.iter().enumerate() {
+    let stores: Vec<RedisStore> = policies
+        .iter()
+        .map(|p| {
+            RedisStore::builder(p.clone())
+                .clock(clock.clone())
+                .negative_cache(0)
+                .build(conn.clone())
+                .unwrap()
+        })
+        .collect();
+    let mem = MemoryStore::<String, _>::new(policies[0].clone()).with_clock(clock.clone());
+    for (i, &(gap, cost, op, which)) in ops.iter().enumerate() {
         clock.advance(Duration::from_micros(gap));
         let now = clock.now();
+        let w = which as usize % policies.len();
+        let (store, policy) = (&stores[w], &policies[w]);
         match op {
             0..=6 => {
                 let r = store.check(&key, cost).await.unwrap();
-                let m = mem.check(&key, cost).with_source(Source::Store);
+                let m = Store::decide(&mem, &key, policy, cost)
+                    .await
+                    .unwrap()
+                    .with_source(Source::Store);
                 prop_assert_eq!(
                     r,
                     m,
-                    "check #{} cost {} at +{}ns\npolicy {:?}",
+                    "check #{} cost {} at +{}ns under policy {}\npolicies {:?}",
                     i,
                     cost,
                     now - start_us * 1000,
-                    policy
+                    w,
+                    policies
                 );
             }
             7 | 8 => {
                 let r = store.peek(&key, cost).await.unwrap();
-                let m = mem.peek(&key, cost).with_source(Source::Store);
-                prop_assert_eq!(r, m, "peek #{} cost {}\npolicy {:?}", i, cost, policy);
+                let m = Store::preview(&mem, &key, policy, cost)
+                    .await
+                    .unwrap()
+                    .with_source(Source::Store);
+                prop_assert_eq!(
+                    r,
+                    m,
+                    "peek #{} cost {} under policy {}\npolicies {:?}",
+                    i,
+                    cost,
+                    w,
+                    policies
+                );
             }
             _ => {
                 store.refund_confirmed(&key, cost).await.unwrap();
-                mem.refund(&key, cost);
+                Store::refund(&mem, &key, policy, cost);
             }
         }
     }

@@ -342,7 +342,8 @@ local function store()
     else
       out[#out + 1] = WIN + 2 * l.w + (l.k - 2)
       out[#out + 1] = l.limit
-      out[#out + 1] = s[l.off] * l.w - l.shift
+      -- The window's end; 0 for a window never used (tag 0).
+      if s[l.off] == 0 then out[#out + 1] = 0 else out[#out + 1] = s[l.off] * l.w - l.shift end
       out[#out + 1] = s[l.off + 1]
       if l.k == 3 then out[#out + 1] = s[l.off + 2] end
     end
