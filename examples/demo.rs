@@ -1,4 +1,4 @@
-//! The tollgate demo: four routes, four policies, every response carrying the IETF
+//! The tollgate demo: one router, a policy per route, every response carrying the IETF
 //! `RateLimit` / `RateLimit-Policy` fields, refusals with `Retry-After` and a problem+json
 //! body.
 //!
@@ -8,22 +8,45 @@
 //! TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo run --example demo --features redis
 //! ```
 //!
-//! - `GET /token`:  5 per second, burst 10, per client IP (token bucket)
-//! - `GET /strict`: 5 per second, no burst, per client IP (strict leaky meter)
-//! - `GET /queue`:  5 per second, queue of 10, per client IP (delayed, excess refused)
-//! - `GET /api`:    5 per second, burst 5, per `x-api-key` header (keyless callers share
+//! - `GET /token`:   5 per second, burst 10, per client IP (token bucket)
+//! - `GET /strict`:  5 per second, no burst, per client IP (strict leaky meter)
+//! - `GET /queue`:   5 per second, queue of 10, per client IP (delayed, excess refused)
+//! - `GET /api`:     5 per second, burst 5, per `x-api-key` header (keyless callers share
 //!   one bucket)
+//! - `GET /plan`:    plans per `x-api-key`, in one layer: keys starting with `pro_` get 100
+//!   per minute, other keys 10 per minute, and every key also 1 000 per UTC day; a
+//!   request without a key is refused with `401` (problem+json, `WWW-Authenticate`)
+//! - `GET /shadow`:  5 per second per client IP in shadow: never refused, but a request
+//!   the limit would have refused carries a `tollgate-shadow` header, and the handler says
+//!   so (it reads the `Decision` from the request's extensions)
+//! - `GET /metrics`: every layer's decisions (labelled `token`, `strict`, `queue`, `api`,
+//!   `plan`, `shadow`) in the Prometheus text format (feature `metrics`, a default)
+//!
+//! ```sh
+//! curl -i -H 'x-api-key: free_demo' http://127.0.0.1:3000/plan   # "daily" and "free" limits
+//! curl -i -H 'x-api-key: pro_demo' http://127.0.0.1:3000/plan    # "daily" and "pro" limits
+//! curl -i http://127.0.0.1:3000/plan                             # 401
+//! for i in $(seq 8); do curl -s -w '%{http_code} %header{tollgate-shadow}\n' -o /dev/null http://127.0.0.1:3000/shadow; done
+//! curl -s http://127.0.0.1:3000/metrics | grep tollgate_rate_limit_requests
+//! ```
 
 use std::{hash::Hash, net::SocketAddr, sync::Arc};
 
-use axum::{routing::get, Router};
+use axum::{
+    http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode},
+    middleware,
+    response::Response,
+    routing::get,
+    Extension, Router,
+};
 use tollgate::{
-    clock::TokioClock,
-    key::{HeaderKey, PeerIp},
+    key::{HeaderBytes, HeaderKey, PeerIp, RequestHead},
+    limiter::MissingKey,
+    policy::IntoPolicy,
     store::KeyBytes,
     store::MemoryStore,
     store::Store,
-    ConfigError, Limit, Quota, RateLimitLayer,
+    ConfigError, Decision, Limit, Quota, RateLimitLayer,
 };
 
 /// Where limits live: this process, or Redis when `TOLLGATE_REDIS_URL` is set.
@@ -51,38 +74,99 @@ impl Stores {
         })
     }
 
-    fn store<K>(&self, limit: Limit) -> Result<Arc<dyn Store<Option<K>>>, ConfigError>
+    /// A store for the layer labelled `label`, whose own policy is `policy` (what a layer
+    /// given no limit of its own applies). Each layer gets its own store, and on Redis its
+    /// own namespace: a key's state is one Redis key under every policy, so layers keyed
+    /// alike (the per-IP routes; `/api` and `/plan` by `x-api-key`) must not share one.
+    fn store<K>(
+        &self,
+        label: &str,
+        policy: impl IntoPolicy,
+    ) -> Result<Arc<dyn Store<Option<K>>>, ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + KeyBytes + 'static,
     {
+        let policy = policy.into_policy()?;
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::store::RedisStore::builder(limit)
-                .namespace("tollgate-demo")
+            let store = tollgate::store::RedisStore::builder(policy)
+                .namespace(format!("tollgate-demo-{label}"))
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
         }
-        Ok(Arc::new(
-            MemoryStore::new(limit).with_clock(TokioClock::new()),
-        ))
+        // On tokio's clock, named after its layer in metrics.
+        Ok(Arc::new(MemoryStore::new(policy).with_label(label)))
+    }
+}
+
+/// A `401` must carry `WWW-Authenticate` (RFC 9110); the limiter's refusal of a request
+/// without a key has none, so `/plan` adds its challenge around the limiter.
+async fn challenge(mut res: Response) -> Response {
+    if res.status() == StatusCode::UNAUTHORIZED {
+        res.headers_mut()
+            .entry(WWW_AUTHENTICATE)
+            .or_insert(HeaderValue::from_static("ApiKey header=\"x-api-key\""));
+    }
+    res
+}
+
+/// Reads the decision the `/shadow` layer puts into the extensions (`expose_decision`).
+async fn shadow(Extension(d): Extension<Decision>) -> &'static str {
+    if d.shadowed() {
+        "shadow: ok, but the shadow limit (5/s) would have refused this request\n"
+    } else {
+        "shadow: ok, within the shadow limit (5/s)\n"
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Metric handles are registered when a layer (or a store) is built: install the
+    // recorder before anything else.
+    #[cfg(feature = "metrics")]
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+
     let stores = Stores::from_env().await?;
     let five = Quota::per_second(5)?;
-    let per_ip = |limit| -> Result<_, ConfigError> {
+    let per_ip = |label: &str, limit: Limit| -> Result<_, ConfigError> {
         RateLimitLayer::builder()
             .key(PeerIp::new())
-            .build_with(stores.store(limit)?)
+            .label(label)
+            .build_with(stores.store(label, limit)?)
     };
-    let token = per_ip(Limit::token_bucket(five.with_burst(10)?)?)?;
-    let strict = per_ip(Limit::leaky_meter(five)?)?;
-    let queue = per_ip(Limit::leaky_queue(five, 10)?)?;
+    let token = per_ip("token", Limit::token_bucket(five.with_burst(10)?)?)?;
+    let strict = per_ip("strict", Limit::leaky_meter(five)?)?;
+    let queue = per_ip("queue", Limit::leaky_queue(five, 10)?)?;
     let api = RateLimitLayer::builder()
         .key(HeaderKey::new("x-api-key")?)
-        .build_with(stores.store(Limit::token_bucket(five.with_burst(5)?)?)?)?;
+        .label("api")
+        .build_with(stores.store("api", Limit::token_bucket(five.with_burst(5)?)?)?)?;
+
+    // Plans: one layer, one state per key. The layer decides every request under the plan
+    // `select` picks; the store's own policy (required to build one) is the fallback plan.
+    let (free, pro, daily) = ("10/min", "100/min", "daily: 1000/day window");
+    let plan = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key")?)
+        .named_policy("free", free) // the first is the fallback
+        .named_policy("pro", pro)
+        .policy(daily) // every plan's limit too
+        .select(
+            |_head: &RequestHead<'_>, key: Option<&HeaderBytes>| match key {
+                Some(k) if k.starts_with(b"pro_") => "pro",
+                _ => "free",
+            },
+        )
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .label("plan")
+        .build_with(stores.store("plan", format!("{daily}, free: {free}"))?)?;
+
+    // Shadow: decided and charged, never refusing; the store carries the policy.
+    let shadow_limit = RateLimitLayer::builder()
+        .key(PeerIp::new())
+        .shadow_header("tollgate-shadow")
+        .expose_decision(true)
+        .label("shadow")
+        .build_with(stores.store("shadow", "5/s shadow")?)?;
 
     let app = Router::new()
         .route(
@@ -94,7 +178,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             get(|| async { "strict meter: ok\n" }).layer(strict),
         )
         .route("/queue", get(|| async { "queue: served\n" }).layer(queue))
-        .route("/api", get(|| async { "api: ok\n" }).layer(api));
+        .route("/api", get(|| async { "api: ok\n" }).layer(api))
+        .route(
+            "/plan",
+            get(|| async { "plan: ok\n" })
+                .layer(plan)
+                .layer(middleware::map_response(challenge)), // added last: wraps the limiter
+        )
+        .route("/shadow", get(shadow).layer(shadow_limit));
+    #[cfg(feature = "metrics")]
+    let app = app.route(
+        "/metrics",
+        get(move || {
+            let prometheus = prometheus.clone();
+            async move {
+                prometheus.run_upkeep();
+                (
+                    [("content-type", "text/plain; version=0.0.4")],
+                    prometheus.render(),
+                )
+            }
+        }),
+    );
 
     let port: u16 = std::env::var("PORT")
         .ok()
@@ -111,6 +216,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("  for i in $(seq 12); do curl -s -w ' %{{time_total}}s\\n' http://{addr}/queue & done; wait");
     println!("  curl -i -H 'x-api-key: demo' http://{addr}/api");
+    println!(
+        "  # plans: a free key gets 10/min (the 11th is 429), a pro_ key 100/min, both 1000/day:"
+    );
+    println!("  for i in $(seq 11); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: free_demo' http://{addr}/plan; done; echo");
+    println!("  curl -i -H 'x-api-key: free_demo' http://{addr}/plan   # RateLimit-Policy names \"daily\" and \"free\"");
+    println!("  for i in $(seq 11); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: pro_demo' http://{addr}/plan; done; echo");
+    println!("  curl -i http://{addr}/plan   # no key: 401 with a problem+json body");
+    println!("  # shadow: all 200, the last 3 carry the tollgate-shadow header:");
+    println!("  for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}} %header{{tollgate-shadow}}\\n' http://{addr}/shadow; done");
+    if cfg!(feature = "metrics") {
+        println!("  curl http://{addr}/metrics   # tollgate_rate_limit_requests by layer, policy and result");
+    }
     println!();
     println!("Every response carries RateLimit-Policy and RateLimit; refusals add Retry-After and a problem+json body.");
     axum::serve(

@@ -94,8 +94,9 @@ pub struct Decision {
     pub(crate) source: Source,
     pub(crate) len: u8,
     pub(crate) limits: [LimitReport; MAX_LIMITS],
-    /// A refusal let through because every limit that refused runs in shadow.
-    pub(crate) shadow: bool,
+    /// What the limits in shadow that refused would have answered (the request was
+    /// admitted by the others).
+    pub(crate) shadow: Option<Outcome>,
 }
 
 impl Decision {
@@ -108,8 +109,24 @@ impl Decision {
             source: Source::Local,
             len: 1,
             limits,
-            shadow: false,
+            shadow: None,
         }
+    }
+
+    /// A single limit's decision; when the limit is in `shadow` (bit 0), a refusal is
+    /// let through (it charged nothing) and an admission does not wait.
+    #[inline]
+    pub(crate) fn single_in(outcome: Outcome, report: LimitReport, shadow: u8) -> Self {
+        let mut d = Self::single(outcome, report);
+        if shadow & 1 != 0 {
+            if !matches!(outcome, Outcome::Allowed { .. }) {
+                d.shadow = Some(outcome);
+            }
+            d.outcome = Outcome::Allowed {
+                wait: Duration::ZERO,
+            };
+        }
+        d
     }
 
     /// Allowed, denied or exceeding.
@@ -142,15 +159,17 @@ impl Decision {
             source,
             len: len as u8,
             limits: reports,
-            shadow: false,
+            shadow: None,
         }
     }
 
-    /// Whether a limit in shadow refused the request and it was let through anyway (see
-    /// [`Limit::shadow`](crate::Limit::shadow)): the outcome is the would-be refusal. Such
+    /// Whether a limit in shadow would have refused the request, which the enforced
+    /// limits admitted (see [`Limit::shadow`](crate::Limit::shadow)). The outcome is the
+    /// enforced limits'; [`Decision::violated`] names the limits in shadow that would have
+    /// refused and [`Decision::retry_after`] says when they would have admitted it. Such
     /// a decision is in the request's extensions for handlers to read.
     pub fn shadowed(&self) -> bool {
-        self.shadow
+        self.shadow.is_some()
     }
 
     /// Whether the request was admitted (perhaps after [`Decision::wait`]).
@@ -166,11 +185,14 @@ impl Decision {
         }
     }
 
-    /// The exact time until a refused request would be admitted; `None` when allowed or
-    /// when the cost can never be admitted.
+    /// The exact time until a refused request would be admitted (for a
+    /// [shadowed](Decision::shadowed) one, until the limits in shadow would have admitted
+    /// it); `None` when allowed or when the cost can never be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
-        match self.outcome {
-            Outcome::Denied { retry_after } => Some(retry_after),
+        match (self.outcome, self.shadow) {
+            (Outcome::Denied { retry_after }, _) | (_, Some(Outcome::Denied { retry_after })) => {
+                Some(retry_after)
+            }
             _ => None,
         }
     }
@@ -196,7 +218,8 @@ impl Decision {
         )
     }
 
-    /// The limits that refused the request (empty when allowed).
+    /// The limits that refused the request, or that would have refused a
+    /// [shadowed](Decision::shadowed) one (empty when allowed otherwise).
     pub fn violated(&self) -> impl Iterator<Item = &LimitReport> + '_ {
         self.limits().iter().filter(|l| !l.allowed)
     }

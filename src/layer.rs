@@ -15,7 +15,7 @@ use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor, RequestHead},
     limiter::{Limiter, MissingKey, OnStoreError, Parts},
-    policy::{Policy, PolicyHandle, PolicyName, PolicySet, SelectHead},
+    policy::{IntoPolicy, Policy, PolicyHandle, PolicyName, PolicySet, SelectHead},
     quota::Quota,
     response::{Answers, Rejection},
     service::{Http, RateLimit},
@@ -249,10 +249,15 @@ impl<X, C> Builder<X, C> {
         self.push(Ok(limit))
     }
 
-    /// Adds every limit of a policy (see [`Builder::limit`]).
-    pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
-        let policy = policy.into();
-        self.cfg.limits.extend(policy.limits().iter().cloned());
+    /// Adds every limit of a policy, or of its text (see [`Builder::limit`]):
+    /// `.policy("100/s burst 200")`. A bad text is reported by `build`.
+    pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
+        match policy.into_policy() {
+            Ok(p) => self.cfg.limits.extend(p.limits().iter().cloned()),
+            Err(e) => {
+                self.cfg.error.get_or_insert(e);
+            }
+        }
         self
     }
 
@@ -274,8 +279,13 @@ impl<X, C> Builder<X, C> {
     /// Adds a named policy (a plan): [`Builder::select`] picks one per request, the first
     /// is the fallback. The limits of [`Builder::limit`] apply to every named policy too.
     /// See [`crate::policy`].
-    pub fn named_policy(mut self, name: impl Into<String>, policy: impl Into<Policy>) -> Self {
-        self.cfg.named.push((name.into(), policy.into()));
+    pub fn named_policy(mut self, name: impl Into<String>, policy: impl IntoPolicy) -> Self {
+        match policy.into_policy() {
+            Ok(p) => self.cfg.named.push((name.into(), p)),
+            Err(e) => {
+                self.cfg.error.get_or_insert(e);
+            }
+        }
         self
     }
 
@@ -297,9 +307,9 @@ impl<X, C> Builder<X, C> {
     ///
     /// let plans = RateLimitLayer::builder()
     ///     .key(HeaderKey::new("x-api-key")?)
-    ///     .named_policy("free", "10/min".parse::<tollgate::Policy>()?)
-    ///     .named_policy("pro", "100/min".parse::<tollgate::Policy>()?)
-    ///     .limit("daily: 1000/day window".parse::<tollgate::Policy>()?.limits()[0].clone())
+    ///     .named_policy("free", "10/min")
+    ///     .named_policy("pro", "100/min")
+    ///     .policy("daily: 1000/day window") // every plan's limit too
     ///     .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| {
     ///         match key {
     ///             Some(k) if k.starts_with(b"pro_") => "pro",
@@ -508,10 +518,8 @@ impl<X, C> Builder<X, C> {
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let mut store = MemoryStore::new(set.fallback().clone()).with_label(&self.cfg.label);
-        if let Some(bytes) = self.cfg.max_bytes {
-            store = store.with_max_bytes(bytes)?;
-        }
+        let store =
+            MemoryStore::for_layer(set.fallback().clone(), &self.cfg.label, self.cfg.max_bytes)?;
         self.finish::<X::Key, _>(store, set)
     }
 

@@ -81,11 +81,36 @@
 //!
 //! # Watching
 //!
-//! Every refusal, and every store failure, is a `tracing` event (target `tollgate`); with
-//! the feature `metrics`, decisions by policy and outcome, queue delays, store calls and
-//! errors, the breaker's state, keys held and evictions are counted through the `metrics`
-//! facade, with names after the OpenTelemetry conventions. The list is in the `observe`
-//! section of the repository's docs and in [`Builder::label`].
+//! Every refusal, every request a limit in shadow would have refused, and every store
+//! failure is a `tracing` event (target `tollgate`): refusals at `INFO` with the layer's
+//! label, the policy, the route, a hash of the key (never the key) and the retry-after in
+//! ms; store failures, and decisions a store made without its backend, at `WARN` for the
+//! first of each second per layer and `DEBUG` for the others, so an outage does not log
+//! every request. A swap of a layer's policies is logged at `INFO`.
+//!
+//! With the feature `metrics` (default), decisions are counted through the
+//! [`metrics`](https://docs.rs/metrics) facade: install any recorder (a Prometheus or
+//! OpenTelemetry exporter) *before* building layers, whose handles are registered then.
+//! Names, units and attributes follow the OpenTelemetry conventions (ASP.NET Core's
+//! `aspnetcore.rate_limiting.*` is the nearest precedent); keys never become attributes.
+//!
+//! | metric | kind, unit | attributes |
+//! |---|---|---|
+//! | `tollgate.rate_limit.requests` | counter | `tollgate.limiter`, `tollgate.policy`, `tollgate.result` (`admitted`, `delayed`, `refused`, `shadow_refused`) |
+//! | `tollgate.rate_limit.request.time_in_queue` | histogram, seconds | `tollgate.limiter`, `tollgate.policy` |
+//! | `tollgate.rate_limit.degraded_decisions` | counter | `tollgate.limiter`, `tollgate.source` (`negative_cache`, `fallback`, `fail_open`, `fail_closed`) |
+//! | `tollgate.store.operation.duration` | histogram, seconds | `tollgate.store`, `tollgate.outcome` (`ok`, `error`) |
+//! | `tollgate.store.errors` | counter | `tollgate.store`, `error.type` (`timeout`, `circuit_open`, `backend`) |
+//! | `tollgate.store.breaker.state` | gauge (0 closed, 1 half-open, 2 open) | `tollgate.store` |
+//! | `tollgate.store.keys` | gauge | `tollgate.store` |
+//! | `tollgate.store.evictions` | counter | `tollgate.store`, `tollgate.state` (`fresh`, `with_state`: evicted to fit the budget) |
+//!
+//! `tollgate.limiter` is the layer's label ([`Builder::label`], default `tollgate`),
+//! `tollgate.policy` the policy's name in its set (`default` for a layer of one unnamed
+//! policy), `tollgate.store` the store's label (the layer's for the store a layer builds).
+//! A request refused for lack of a key ([`limiter::MissingKey::Reject`]) or by a failed
+//! store under [`limiter::OnStoreError::FailClosed`] is not a rate-limit decision: the
+//! first counts nowhere, the second in `degraded_decisions`.
 //!
 //! # Any tower service
 //!
@@ -126,7 +151,7 @@
 //! - `axum` (default): `ConnectInfo` peer addresses and `MatchedPath` route keys.
 //! - `jwt`: `key::BearerClaim`, a key from a verified bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
-//! - `metrics`: metrics through the `metrics` facade.
+//! - `metrics` (default): metrics through the `metrics` facade (see Watching).
 //! - `serde`: policies and policy sets read from configuration files.
 //! - `tsc`: `clock::TscClock`, the CPU's time-stamp counter as an opt-in clock.
 #![cfg_attr(docsrs, feature(doc_cfg))]

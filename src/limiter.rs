@@ -143,7 +143,7 @@ pub(crate) struct Parts<X, St, C, F> {
 
 /// A stable hash of a key: for events (keys never appear as they are) and for choosing
 /// the keys a partly enforced limit applies to (the same choice in every process).
-pub(crate) fn key_hash<K: Hash>(key: &K) -> u64 {
+pub(crate) fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
     let mut h = siphasher::sip::SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x6b65_7973);
     key.hash(&mut h);
     h.finish()
@@ -269,10 +269,10 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         };
         let choice = self.key.policy(req, key.as_ref(), &installed.set);
         let index = choice.0;
-        let policy = &installed.set.entry(index).policy;
+        let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
         let cost = self.cost.cost(req);
         if let Some(d) = self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.conclude(req, &installed, index, key, cost, d));
+            return Begin::Now(self.conclude(req, &installed, index, key, cost, d, false));
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {
@@ -328,7 +328,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         C: Send + Sync + 'static,
     {
         match result {
-            Ok(d) => self.conclude(req, installed, index, key, cost, d),
+            Ok(d) => self.conclude(req, installed, index, key, cost, d, false),
             Err(e) => {
                 let entry = installed.set.entry(index);
                 let route = self.flavour.route(req);
@@ -343,7 +343,8 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                             Source::FailOpen,
                             entry.policy.limits().len(),
                         );
-                        self.conclude(req, installed, index, key, cost, d)
+                        // Counted and logged as the store failure above.
+                        self.conclude(req, installed, index, key, cost, d, true)
                     }
                     OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
                 }
@@ -351,9 +352,11 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         }
     }
 
-    /// From a decision to the next step: shadow limits, what is observed, the flavour's
-    /// refusal or admission, and the refund of a queued request dropped before its turn.
+    /// From a decision to the next step: shadow limits, what is observed (unless the
+    /// failure that led to it already was), the flavour's refusal or admission, and the
+    /// refund of a queued request dropped before its turn.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn conclude<Req, K>(
         self: &Arc<Self>,
         req: &mut Req,
@@ -361,7 +364,8 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         index: usize,
         key: Option<K>,
         cost: u64,
-        mut d: Decision,
+        d: Decision,
+        observed: bool,
     ) -> Next<F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
@@ -371,26 +375,17 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         C: Send + Sync + 'static,
     {
         let entry = installed.set.entry(index);
-        let policy = &entry.policy;
-        let mut shadow_mask = 0;
-        if policy.is_partial() {
-            let hash = key_hash(&key);
-            for (i, l) in policy.limits().iter().enumerate() {
-                if !l.enforcement().enforced_for(hash) {
-                    shadow_mask |= 1 << i;
-                }
-            }
-            if !d.is_allowed() && !policy.enforces(&d, hash) {
-                d.shadow = true;
-            }
-        }
+        // The store let through what only limits in shadow refused; the response reports
+        // the limits enforced for this key.
+        let policy = entry.policy.for_key(|| key_hash(&key));
+        let shadow_mask = policy.shadow_mask();
         let metrics = &installed.metrics[index.min(installed.metrics.len() - 1)];
         metrics.decided(&d);
-        if !d.is_allowed() {
+        let plain =
+            d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
+        if !plain && !observed {
             self.observe
-                .refused(entry.name.as_deref(), self.flavour.route(req), &key, &d);
-        } else if d.source() != Source::Local && d.source() != Source::Store {
-            self.observe.degraded(entry.name.as_deref(), &d);
+                .decided(entry.name.as_deref(), self.flavour.route(req), &key, &d);
         }
         let v = Verdict {
             decision: &d,
@@ -410,11 +405,6 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                     refund,
                 }
             }
-            _ if d.shadow => Next::Proceed {
-                wait: Duration::ZERO,
-                extra: self.flavour.admit(req, &v),
-                refund: None,
-            },
             _ => Next::Refuse(self.flavour.refuse(req, &v)),
         }
     }

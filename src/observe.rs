@@ -1,34 +1,6 @@
 //! What is observed of decisions: `tracing` events always, metrics through the `metrics`
 //! facade with the feature `metrics` (no exporter is chosen for you).
-//!
-//! # Metrics
-//!
-//! Names and attributes follow the OpenTelemetry conventions (ASP.NET Core's
-//! `aspnetcore.rate_limiting.*` is the nearest precedent). Keys never become attributes.
-//!
-//! | metric | kind, unit | attributes |
-//! |---|---|---|
-//! | `tollgate.rate_limit.requests` | counter | `tollgate.limiter`, `tollgate.policy`, `tollgate.result` (`admitted`, `delayed`, `refused`, `shadow_refused`) |
-//! | `tollgate.rate_limit.request.time_in_queue` | histogram, seconds | `tollgate.limiter`, `tollgate.policy` |
-//! | `tollgate.rate_limit.degraded_decisions` | counter | `tollgate.limiter`, `tollgate.source` (`negative_cache`, `fallback`, `fail_open`, `fail_closed`) |
-//! | `tollgate.store.operation.duration` | histogram, seconds | `tollgate.store`, `tollgate.outcome` (`ok`, `error`) |
-//! | `tollgate.store.errors` | counter | `tollgate.store`, `error.type` (`timeout`, `circuit_open`, `backend`) |
-//! | `tollgate.store.breaker.state` | gauge (0 closed, 1 half-open, 2 open) | `tollgate.store` |
-//! | `tollgate.store.keys` | gauge | `tollgate.store` |
-//! | `tollgate.store.evictions` | counter | `tollgate.store`, `tollgate.state` (`fresh`, `with_state`) |
-//!
-//! `tollgate.limiter` is the layer's label (`label(..)` on its builder, default
-//! `tollgate`), `tollgate.policy` the policy's name in its set (`default` for a layer of
-//! one unnamed policy), `tollgate.store` the store's label. Handles are registered when a
-//! layer is built or its policies swapped: install the recorder before.
-//!
-//! # Events
-//!
-//! Target `tollgate`. Every refusal, and every request a shadow limit would have refused:
-//! `INFO`, with the limiter, policy, route, a hash of the key and the retry-after. Every
-//! store failure, and every decision a store made without its backend (fallback, fail
-//! open, fail closed): `WARN` for the first of each second per layer, `DEBUG` for the
-//! others, so an outage does not log every request.
+//! The metrics and events are listed in the crate docs ("Watching").
 
 use std::{
     hash::Hash,
@@ -51,6 +23,48 @@ pub(crate) struct Observe {
     degraded: [metrics::Counter; 4],
 }
 
+/// Gives every metric its unit and description (the exporter's `HELP` and unit), in the
+/// recorder installed now; cheap, and repeated at every layer or store build.
+#[cfg(feature = "metrics")]
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "tollgate.rate_limit.requests",
+        Unit::Count,
+        "Rate-limit decisions, by layer, policy and result"
+    );
+    describe_histogram!(
+        "tollgate.rate_limit.request.time_in_queue",
+        Unit::Seconds,
+        "How long admitted requests waited in a leaky-bucket queue"
+    );
+    describe_counter!(
+        "tollgate.rate_limit.degraded_decisions",
+        Unit::Count,
+        "Decisions made without the store's backend or from its negative cache"
+    );
+    describe_histogram!(
+        "tollgate.store.operation.duration",
+        Unit::Seconds,
+        "Duration of calls to a network store"
+    );
+    describe_counter!(
+        "tollgate.store.errors",
+        Unit::Count,
+        "Failed store calls, by error type"
+    );
+    describe_gauge!(
+        "tollgate.store.breaker.state",
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open"
+    );
+    describe_gauge!("tollgate.store.keys", Unit::Count, "Keys held in memory");
+    describe_counter!(
+        "tollgate.store.evictions",
+        Unit::Count,
+        "Keys evicted from memory: back to fresh, or with state to fit the memory budget"
+    );
+}
+
 fn unix_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -63,6 +77,8 @@ fn policy_label(name: Option<&str>) -> &str {
 
 impl Observe {
     pub(crate) fn new(label: Arc<str>) -> Self {
+        #[cfg(feature = "metrics")]
+        describe();
         Observe {
             #[cfg(feature = "metrics")]
             degraded: ["negative_cache", "fallback", "fail_open", "fail_closed"].map(|s| {
@@ -113,14 +129,37 @@ impl Observe {
         }
     }
 
-    /// A refusal, or a request a shadow limit would have refused.
-    pub(crate) fn refused<K: Hash>(
+    /// A decision other than a plain admission: a refusal, a request a limit in shadow
+    /// would have refused, or a decision a store made without its backend or from its
+    /// negative cache. Those made without the backend are logged as an outage is (at most
+    /// one warning a second), not one event per request.
+    #[cold]
+    pub(crate) fn decided<K: Hash>(
         &self,
         policy: Option<&str>,
         route: Option<&str>,
         key: &K,
         d: &Decision,
     ) {
+        match d.source() {
+            Source::Fallback | Source::FailOpen | Source::FailClosed => {
+                self.degraded(policy, route, d)
+            }
+            source => {
+                #[cfg(feature = "metrics")]
+                if source == Source::NegativeCache {
+                    self.degraded[0].increment(1);
+                }
+                let _ = source;
+                if !d.is_allowed() || d.shadowed() {
+                    self.refused(policy, route, key, d);
+                }
+            }
+        }
+    }
+
+    /// A refusal, or a request a shadow limit would have refused.
+    fn refused<K: Hash>(&self, policy: Option<&str>, route: Option<&str>, key: &K, d: &Decision) {
         let retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64);
         let key = format_args!("{:016x}", key_hash(key));
         if d.shadowed() {
@@ -180,28 +219,27 @@ impl Observe {
         }
     }
 
-    /// A decision a store made without its backend (or from its negative cache).
-    pub(crate) fn degraded(&self, policy: Option<&str>, d: &Decision) {
-        let i = match d.source() {
-            Source::NegativeCache => 0,
+    /// A decision a store made without its backend.
+    fn degraded(&self, policy: Option<&str>, route: Option<&str>, d: &Decision) {
+        let source = d.source();
+        #[cfg(feature = "metrics")]
+        self.degraded[match source {
             Source::Fallback => 1,
             Source::FailOpen => 2,
-            Source::FailClosed => 3,
-            _ => return,
-        };
-        #[cfg(feature = "metrics")]
-        self.degraded[i].increment(1);
-        if i == 0 {
-            return;
-        }
-        let level_warn = self.warned.first(unix_secs());
-        let source = d.source();
-        if level_warn {
+            _ => 3,
+        }]
+        .increment(1);
+        let admitted = d.is_allowed();
+        let retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64);
+        if self.warned.first(unix_secs()) {
             tracing::warn!(
                 target: "tollgate",
                 limiter = %self.label,
                 policy = policy_label(policy),
+                route,
                 ?source,
+                admitted,
+                retry_after_ms,
                 "rate-limit store unavailable: decided without it (at most one warning a second)"
             );
         } else {
@@ -209,7 +247,10 @@ impl Observe {
                 target: "tollgate",
                 limiter = %self.label,
                 policy = policy_label(policy),
+                route,
                 ?source,
+                admitted,
+                retry_after_ms,
                 "rate-limit store unavailable: decided without it"
             );
         }
@@ -275,6 +316,7 @@ impl StoreMetrics {
     pub(crate) fn new(label: &str) -> Self {
         #[cfg(feature = "metrics")]
         {
+            describe();
             let store = label.to_owned();
             let duration = |outcome: &'static str| {
                 metrics::histogram!(

@@ -267,6 +267,35 @@ impl Limit {
         Ok(self)
     }
 
+    /// The same limit with `from`'s name, enforcement and window offset (a scaled copy of
+    /// `from`).
+    #[cfg(feature = "redis")]
+    pub(crate) fn like(mut self, from: &Limit) -> Self {
+        self.name = from.name.clone();
+        self.named = from.named;
+        self.mode = from.mode;
+        self.params = match (self.params, from.params) {
+            (Params::Fixed(w), Params::Fixed(f)) => {
+                Params::Fixed(Window::new(w.w, w.limit, f.shift))
+            }
+            (Params::Sliding(w), Params::Sliding(f)) => {
+                Params::Sliding(Window::new(w.w, w.limit, f.shift))
+            }
+            (p, _) => p,
+        };
+        self
+    }
+
+    /// The same limit enforced for every key (`true`) or in shadow for every key.
+    pub(crate) fn resolved(mut self, enforced: bool) -> Self {
+        self.mode = if enforced {
+            Enforcement::Enforced
+        } else {
+            Enforcement::Keys(0)
+        };
+        self
+    }
+
     /// Names the limit (the `RateLimit-Policy` item name). Printable ASCII only.
     pub fn named(mut self, name: impl Into<String>) -> Result<Self, ConfigError> {
         let name = name.into();

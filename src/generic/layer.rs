@@ -12,7 +12,7 @@ use crate::{
     key::{Global, KeyExtractor},
     layer::DefaultStore,
     limiter::{Limiter, MissingKey, OnStoreError, Parts},
-    policy::{Policy, PolicyHandle, PolicyName, PolicySet, Select},
+    policy::{IntoPolicy, Policy, PolicyHandle, PolicyName, PolicySet, Select},
     quota::Quota,
     store::{MemoryStore, Store},
 };
@@ -170,9 +170,15 @@ impl<X, C> Builder<X, C> {
         self.push(Ok(limit))
     }
 
-    /// Adds every limit of a policy.
-    pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
-        self.limits.extend(policy.into().limits().iter().cloned());
+    /// Adds every limit of a policy, or of its text: `.policy("100/s burst 200")`. A bad
+    /// text is reported by `build`.
+    pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
+        match policy.into_policy() {
+            Ok(p) => self.limits.extend(p.limits().iter().cloned()),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
         self
     }
 
@@ -193,8 +199,13 @@ impl<X, C> Builder<X, C> {
 
     /// Adds a named policy; [`Builder::select`] picks one per request, the first is the
     /// fallback. See [`crate::policy`].
-    pub fn named_policy(mut self, name: impl Into<String>, policy: impl Into<Policy>) -> Self {
-        self.named.push((name.into(), policy.into()));
+    pub fn named_policy(mut self, name: impl Into<String>, policy: impl IntoPolicy) -> Self {
+        match policy.into_policy() {
+            Ok(p) => self.named.push((name.into(), p)),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
         self
     }
 
@@ -312,10 +323,7 @@ impl<X, C> Builder<X, C> {
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let mut store = MemoryStore::new(set.fallback().clone()).with_label(&self.label);
-        if let Some(bytes) = self.max_bytes {
-            store = store.with_max_bytes(bytes)?;
-        }
+        let store = MemoryStore::for_layer(set.fallback().clone(), &self.label, self.max_bytes)?;
         self.finish::<X::Key, _>(store, set)
     }
 

@@ -92,8 +92,11 @@ struct Inner {
     fingerprint: u64,
     /// A store's tag for this policy, cached: `store id << 32 | tag` (0: none yet).
     tag: AtomicU64,
-    /// Whether some limit is enforced for a share of keys only (shadow included).
-    partial: bool,
+    /// The limits in shadow for every key (bit `i`: limit `i`).
+    shadow: u8,
+    /// With limits enforced for a share of keys: this policy with each of them resolved
+    /// (enforced, or in shadow), indexed by the bits of those in shadow, in order.
+    rollout: Option<Box<[Policy]>>,
 }
 
 impl PartialEq for Policy {
@@ -132,9 +135,29 @@ impl Policy {
             offsets[i] = words as u8;
             words += l.params.words();
         }
-        let partial = limits
-            .iter()
-            .any(|l| l.enforcement() != Enforcement::Enforced);
+        let mut shadow = 0;
+        let mut shares = Vec::new();
+        for (i, l) in limits.iter().enumerate() {
+            match l.enforcement() {
+                Enforcement::Keys(0) => shadow |= 1 << i,
+                Enforcement::Keys(_) => shares.push(i),
+                Enforcement::Enforced => {}
+            }
+        }
+        let rollout = if shares.is_empty() {
+            None
+        } else {
+            let variants = (0..1usize << shares.len())
+                .map(|bits| {
+                    let mut resolved = limits.clone();
+                    for (b, &i) in shares.iter().enumerate() {
+                        resolved[i] = resolved[i].clone().resolved(bits & (1 << b) == 0);
+                    }
+                    Policy::build(resolved)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(variants.into_boxed_slice())
+        };
         Ok(Policy {
             inner: Arc::new(Inner {
                 fingerprint: fingerprint(&limits),
@@ -142,7 +165,8 @@ impl Policy {
                 offsets,
                 words,
                 tag: AtomicU64::new(0),
-                partial,
+                shadow,
+                rollout,
             }),
         })
     }
@@ -188,10 +212,37 @@ impl Policy {
         }
     }
 
-    /// Whether some limit refuses for a share of keys only (see [`Limit::shadow`]).
+    /// The limits in shadow for every key (bit `i`: limit `i`).
     #[inline]
-    pub(crate) fn is_partial(&self) -> bool {
-        self.inner.partial
+    pub(crate) fn shadow_mask(&self) -> u8 {
+        self.inner.shadow
+    }
+
+    /// This policy as it applies to the key whose rollout hash is `key_hash`: every limit
+    /// enforced or in shadow (a limit enforced for a share of keys is resolved for the
+    /// key), so a store needs no key to decide it. The policy itself when no limit is
+    /// enforced for a share of keys.
+    #[inline]
+    pub(crate) fn for_key(&self, key_hash: impl FnOnce() -> u64) -> &Policy {
+        match &self.inner.rollout {
+            None => self,
+            Some(variants) => {
+                let h = key_hash();
+                let mut i = 0;
+                let mut bit = 0;
+                for l in self.limits() {
+                    if let Enforcement::Keys(n) = l.enforcement() {
+                        if n > 0 {
+                            if !l.enforcement().enforced_for(h) {
+                                i |= 1 << bit;
+                            }
+                            bit += 1;
+                        }
+                    }
+                }
+                &variants[i]
+            }
+        }
     }
 
     /// A stable identifier of the limits' parameters (not their names or enforcement):
@@ -220,12 +271,18 @@ impl Policy {
 
     /// Evaluates every limit without writing. Returns the decision and, when admitted,
     /// the new state.
+    ///
+    /// Limits in shadow ([`Limit::shadow`]) neither refuse nor delay: one that would
+    /// refuse is not charged and marks the decision [`Decision::shadowed`], one that
+    /// admits is charged; the others decide as if it were not there. A limit enforced for
+    /// a share of keys is enforced here (layers resolve it per key first).
     pub(crate) fn eval(
         &self,
         state: &[u64],
         now: u64,
         cost: u64,
     ) -> (Decision, Option<[u64; MAX_WORDS]>) {
+        let shadow = self.inner.shadow;
         debug_assert!(state.len() >= self.inner.words);
         let limits = self.limits();
         let mut reports = [LimitReport::default(); MAX_LIMITS];
@@ -233,6 +290,7 @@ impl Policy {
         let mut wait = Duration::ZERO;
         let mut retry: Option<Duration> = None;
         let mut exceeds = false;
+        let mut would = Combine::default();
         for (i, limit) in limits.iter().enumerate() {
             let s = self.slice(state, i);
             let (o, n, mut r) = limit.eval(s, now, cost);
@@ -240,10 +298,17 @@ impl Policy {
             reports[i] = r;
             let off = self.inner.offsets[i] as usize;
             let k = limit.params.words();
+            let in_shadow = shadow & (1 << i) != 0;
             match o {
                 Outcome::Allowed { wait: w } => {
-                    wait = wait.max(w);
+                    if !in_shadow {
+                        wait = wait.max(w);
+                    }
                     next[off..off + k].copy_from_slice(&n.unwrap_or_default()[..k]);
+                }
+                _ if in_shadow => {
+                    would.add(o);
+                    next[off..off + k].copy_from_slice(s);
                 }
                 Outcome::Denied { retry_after } => {
                     retry = Some(retry.map_or(retry_after, |r| r.max(retry_after)));
@@ -275,7 +340,7 @@ impl Policy {
             source: crate::decision::Source::Local,
             len: limits.len() as u8,
             limits: reports,
-            shadow: false,
+            shadow: if admitted { would.outcome() } else { None },
         };
         (decision, admitted.then_some(next))
     }
@@ -297,6 +362,11 @@ impl Policy {
     /// Decides without charging anything: what [`Policy::decide`] would answer now.
     pub fn peek(&self, state: &[u64], now: u64, cost: u64) -> Decision {
         self.eval(state, now, cost).0
+    }
+
+    /// The state as it stands: every limit's report for a request of no cost.
+    pub(crate) fn report(&self, state: &[u64], now: u64) -> Decision {
+        self.eval(state, now, 0).0
     }
 
     /// Gives back `cost` units to every limit (a queued request dropped before its slot).
@@ -331,15 +401,34 @@ impl Policy {
         }
         out
     }
+}
 
-    /// Whether a refusal by this decision refuses the request for a key whose rollout
-    /// hash is `key_hash`: some limit that refused is enforced for that key.
-    pub(crate) fn enforces(&self, d: &Decision, key_hash: u64) -> bool {
-        d.violated().any(|r| {
-            self.limits()[r.index()]
-                .enforcement()
-                .enforced_for(key_hash)
-        })
+/// What the limits in shadow that refused would have answered together: the longest
+/// retry-after, or exceeding when one of them can never admit the cost.
+#[derive(Default)]
+pub(crate) struct Combine {
+    retry: Option<Duration>,
+    exceeds: bool,
+}
+
+impl Combine {
+    pub(crate) fn add(&mut self, o: Outcome) {
+        match o {
+            Outcome::Denied { retry_after } => {
+                self.retry = Some(self.retry.map_or(retry_after, |r| r.max(retry_after)));
+            }
+            Outcome::Exceeds => self.exceeds = true,
+            Outcome::Allowed { .. } => {}
+        }
+    }
+
+    pub(crate) fn outcome(&self) -> Option<Outcome> {
+        if self.exceeds {
+            Some(Outcome::Exceeds)
+        } else {
+            self.retry
+                .map(|retry_after| Outcome::Denied { retry_after })
+        }
     }
 }
 
@@ -381,6 +470,38 @@ fn fingerprint(limits: &[Limit]) -> u64 {
 impl From<Limit> for Policy {
     fn from(limit: Limit) -> Self {
         Policy::new(limit)
+    }
+}
+
+/// What the layer builders take as a policy: a [`Policy`], a [`Limit`], or its text
+/// (`"100/min"`, see the [module docs](self)), whose errors the builder reports when the
+/// layer is built.
+pub trait IntoPolicy {
+    /// The policy, or what is wrong with the text.
+    fn into_policy(self) -> Result<Policy, ConfigError>;
+}
+
+impl IntoPolicy for Policy {
+    fn into_policy(self) -> Result<Policy, ConfigError> {
+        Ok(self)
+    }
+}
+
+impl IntoPolicy for Limit {
+    fn into_policy(self) -> Result<Policy, ConfigError> {
+        Ok(Policy::new(self))
+    }
+}
+
+impl IntoPolicy for &str {
+    fn into_policy(self) -> Result<Policy, ConfigError> {
+        self.parse()
+    }
+}
+
+impl IntoPolicy for String {
+    fn into_policy(self) -> Result<Policy, ConfigError> {
+        self.parse()
     }
 }
 

@@ -67,7 +67,7 @@ fn rate(part: &str, text: &str) -> Result<Quota, ConfigError> {
         Duration::from_nanos(unit(per).ok_or_else(|| {
             bad(
                 part,
-                format!("unknown time unit {per:?} in {text:?} (expected {UNITS})"),
+                format!("unknown time unit {per:?} (expected {UNITS})"),
             )
         })?)
     };

@@ -167,6 +167,8 @@ struct Ctx<'a> {
     policy: &'a Policy,
     tag: u32,
     tags: &'a Tags,
+    /// The policy's limits in shadow for the key.
+    shadow: u8,
 }
 
 impl Ctx<'_> {
@@ -192,7 +194,7 @@ fn residual_many<'a, S>(tags: &'a Tags, now: u64) -> impl FnMut(&mut Many<S>) ->
         tags.with(*tag, |policy| match policy {
             None => 0,
             Some(p) if p.is_fresh(words, now) => 0,
-            Some(p) => (p.peek(words, now, 0).reset_after().as_nanos() as u64).max(1),
+            Some(p) => (p.report(words, now).reset_after().as_nanos() as u64).max(1),
         })
     }
 }
@@ -224,7 +226,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                         .map(|e| g.charge(&e.2, now, cost))
                 };
                 if let Some((outcome, report)) = found {
-                    return Decision::single(outcome, report);
+                    return Decision::single_in(outcome, report, cx.shadow);
                 }
             }
             (None, Op::Check) => {
@@ -239,11 +241,11 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                 let inner = self.read(hash);
                 if let Some(e) = inner.one.find(hash, |e| e.0 == *key && e.1 == cx.tag) {
                     let tat = e.2.load(Ordering::Acquire);
-                    return cx.policy.peek(&[tat], now(), cost);
+                    return cx.policy.eval(&[tat], now(), cost).0;
                 }
-                if let Some(d) =
-                    Self::in_many(cx, &inner, key, hash, now, |p, s, now| p.peek(s, now, cost))
-                {
+                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                    p.eval(s, now, cost).0
+                }) {
                     return d;
                 }
             }
@@ -266,7 +268,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                 if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
                     // The window the charge is in is decided under the key's lock.
                     p.refund(s, now, cost);
-                    p.peek(s, now, 0)
+                    p.report(s, now)
                 }) {
                     return d;
                 }
@@ -310,8 +312,9 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
     ) -> Decision {
         let policy = cx.policy;
         // An unknown key asking for a cost no fresh bucket admits is refused without a
-        // write (and without the write lock).
-        if op == Op::Check && policy.max_cost() < cost {
+        // write (and without the write lock); not when limits in shadow may let it
+        // through to be charged by the others.
+        if op == Op::Check && policy.max_cost() < cost && cx.shadow == 0 {
             let inner = self.read(hash);
             let known = inner.one.find(hash, |e| e.0 == *key).is_some()
                 || inner.many.find(hash, |e| e.0 == *key).is_some();
@@ -324,7 +327,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
             let inner = self.read(hash);
             let now = now();
             let state = Self::current(cx, &inner, key, hash, now).map_or([0; MAX_WORDS], |s| s.0);
-            return policy.peek(&state, now, cost);
+            return policy.eval(&state, now, cost).0;
         }
         let mut inner = self.write(hash);
         let now = now();
@@ -342,10 +345,10 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         }
         let decision = match op {
             Op::Check => policy.decide(&mut state, now, cost),
-            Op::Peek => policy.peek(&state, now, cost),
+            Op::Peek => policy.eval(&state, now, cost).0,
             Op::Refund => {
                 policy.refund(&mut state, now, cost);
-                policy.peek(&state, now, 0)
+                policy.report(&state, now)
             }
         };
         // A state back to fresh is not stored; nor is an unknown key merely looked at.
@@ -449,6 +452,23 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> MemoryStore<K, TokioClock> {
     }
 }
 
+impl<K: Hash + Eq + Clone + Send + Sync + 'static> MemoryStore<K, TokioClock> {
+    /// The store a layer builds for itself: its metrics under the layer's label from the
+    /// start (`new` then `with_label` would leave an empty `memory` series behind).
+    pub(crate) fn for_layer(
+        policy: Policy,
+        label: &str,
+        max_bytes: Option<usize>,
+    ) -> Result<Self, ConfigError> {
+        Self::build(
+            policy,
+            TokioClock::new(),
+            max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
+            label.into(),
+        )
+    }
+}
+
 impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
     fn build(
         policy: Policy,
@@ -510,6 +530,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             policy,
             tag: self.tags.tag(policy),
             tags: &self.tags,
+            shadow: policy.shadow_mask(),
         };
         let now = || self.clock.now();
         match &self.keys {

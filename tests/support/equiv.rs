@@ -18,10 +18,10 @@ use tollgate::{
 pub fn limit_strategy() -> impl Strategy<Value = Limit> {
     (
         (0u8..5, 1u64..40, 1u64..3_000),
-        (1u64..20, 0u32..8, 0u32..8, 0u64..5_000_000),
+        (1u64..20, 0u32..8, 0u32..8, 0u64..5_000_000, 0u8..5),
     )
         .prop_map(
-            |((alg, limit, period_ms), (burst, queue, nodelay, offset_us))| {
+            |((alg, limit, period_ms), (burst, queue, nodelay, offset_us, mode))| {
                 let q = Quota::new(limit, Duration::from_millis(period_ms)).unwrap();
                 let offset = Duration::from_micros(offset_us);
                 match alg {
@@ -31,6 +31,8 @@ pub fn limit_strategy() -> impl Strategy<Value = Limit> {
                     3 => Limit::fixed_window(q).and_then(|l| l.with_window_offset(offset)),
                     _ => Limit::sliding_window(q).and_then(|l| l.with_window_offset(offset)),
                 }
+                // One limit in five runs in shadow: never refuses, charged when it admits.
+                .map(|l| if mode == 0 { l.shadow() } else { l })
                 .unwrap()
             },
         )

@@ -82,7 +82,7 @@ pub(super) fn scaled_policy(policy: &Policy, share: f64) -> Result<Policy, Confi
                 Limit::new(nq, alg)?
             }
         };
-        limits.push(scaled.named(l.name())?);
+        limits.push(scaled.like(l));
     }
     Policy::from_limits(limits)
 }

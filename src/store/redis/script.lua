@@ -5,7 +5,10 @@
 -- ARGV[2]  cost in units
 -- ARGV[3]  now in microseconds, or '' for the server's TIME (the override is for tests)
 -- ARGV[4]  extra TTL in milliseconds (0 except with the test override)
--- ARGV[5]  number of limits, then per limit:
+-- ARGV[5]  the limits in shadow for this key (bit j-1: limit j), check and peek only: a
+--          limit in shadow neither refuses nor delays; refusing, it is not charged, and
+--          the others decide as if it were not there
+-- ARGV[6]  number of limits, then per limit:
 --            1 t tau cap free      GCRA, nanoseconds
 --            2 w limit shift       fixed window, w and shift in microseconds
 --            3 w limit shift       sliding window, w and shift in microseconds
@@ -28,7 +31,8 @@
 -- limit's outstanding units rounded up, at most full.
 --
 -- Reply (modes 0, 1): n, then per limit: code (0 allowed, 1 denied, 2 exceeds), value
--- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns).
+-- (wait or retry-after, ns), allowed (0/1), remaining, reset_after (ns), next_after (ns);
+-- a limit in shadow reports what it would have answered.
 -- Mode 2: {} or {now}. Mode 3: now, then the state words after the charge in the
 -- in-memory layout (GCRA: fill; windows: tag count or tag prev cur).
 
@@ -42,7 +46,8 @@ else
   now = tonumber(ARGV[3])
 end
 local extra = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local shadow = tonumber(ARGV[5])
+local n = tonumber(ARGV[6])
 local WIN = 4503599627370496 -- 2^52
 
 local function idiv(a, b)
@@ -59,7 +64,7 @@ end
 -- per limit GCRA: fill | fixed: tag count | sliding: tag prev cur.
 local L = {}
 local words = 1
-local i = 6
+local i = 7
 for j = 1, n do
   local k = tonumber(ARGV[i])
   if k == 1 then
@@ -422,9 +427,12 @@ end
 -- Check (0) and peek (1).
 local codes, vals, news, reps = {}, {}, {}, {}
 local admitted = true
+local function in_shadow(j)
+  return math.floor(shadow / 2 ^ (j - 1)) % 2 == 1
+end
 for j = 1, n do
   codes[j], vals[j], news[j], reps[j] = eval(L[j], cost)
-  if codes[j] ~= 0 then admitted = false end
+  if codes[j] ~= 0 and not in_shadow(j) then admitted = false end
 end
 if not admitted and n > 1 then
   -- Nothing is charged: limits that would have admitted report their state as is.
@@ -443,10 +451,13 @@ if mode == 0 and admitted then
   for j = 1, n do
     local l = L[j]
     local nw = news[j]
-    if l.k == 1 then
-      l.fill = nw[1]
-    else
-      for x = 1, #nw do s[l.off + x - 1] = nw[x] end
+    -- A limit in shadow that would have refused is not charged.
+    if nw then
+      if l.k == 1 then
+        l.fill = nw[1]
+      else
+        for x = 1, #nw do s[l.off + x - 1] = nw[x] end
+      end
     end
   end
   store()

@@ -8,6 +8,7 @@ use crate::{
     algorithm::{Params, MAX_WORDS},
     decision::{Decision, LimitReport, Outcome, Source},
     error::{ConfigError, StoreError},
+    policy::Combine,
     Policy, MAX_LIMITS,
 };
 
@@ -41,7 +42,10 @@ pub(super) enum Mode {
 /// The policy's limits as script arguments; refuses limits the script cannot decide
 /// exactly.
 pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
-    let mut args = vec![policy.limits().len() as u64];
+    let mut args = vec![
+        u64::from(policy.shadow_mask()),
+        policy.limits().len() as u64,
+    ];
     for (i, l) in policy.limits().iter().enumerate() {
         match l.params {
             Params::Gcra(g) => {
@@ -149,7 +153,7 @@ pub(super) fn invocation(
 /// `(T, cap)` when the limit arguments describe one GCRA-based limit.
 fn fast_gcra(limits: &[u64]) -> Option<(u64, u64)> {
     match limits {
-        [1, 1, t, _tau, cap, _free] => Some((*t, *cap)),
+        [_shadow, 1, 1, t, _tau, cap, _free] => Some((*t, *cap)),
         _ => None,
     }
 }
@@ -179,7 +183,9 @@ pub(super) fn decode_decision(
         if code != reply[0] {
             return Err(bad_reply("fast GCRA outcome disagrees with the client"));
         }
-        return Ok(Decision::single(outcome, report).with_source(Source::Store));
+        return Ok(
+            Decision::single_in(outcome, report, policy.shadow_mask()).with_source(Source::Store)
+        );
     }
     let n = policy.limits().len();
     if reply.len() != 1 + 6 * n || reply[0] != n as i64 {
@@ -190,11 +196,19 @@ pub(super) fn decode_decision(
     let mut wait = 0u64;
     let mut retry: Option<u64> = None;
     let mut exceeds = false;
+    let mut would = Combine::default();
+    let shadow = policy.shadow_mask();
     for (i, r) in reports.iter_mut().enumerate().take(n) {
         let f = &reply[1 + 6 * i..7 + 6 * i];
         let value = nn(f[1])?;
+        let in_shadow = shadow & (1 << i) != 0;
         match f[0] {
+            0 if in_shadow => {}
             0 => wait = wait.max(value),
+            1 if in_shadow => would.add(Outcome::Denied {
+                retry_after: Duration::from_nanos(value),
+            }),
+            2 if in_shadow => would.add(Outcome::Exceeds),
             1 => retry = Some(retry.map_or(value, |r| r.max(value))),
             2 => exceeds = true,
             _ => return Err(bad_reply("outcome code")),
@@ -218,12 +232,13 @@ pub(super) fn decode_decision(
             wait: Duration::from_nanos(wait),
         }
     };
+    let admitted = matches!(outcome, Outcome::Allowed { .. });
     Ok(Decision {
         outcome,
         source: Source::Store,
         len: n as u8,
         limits: reports,
-        shadow: false,
+        shadow: if admitted { would.outcome() } else { None },
     })
 }
 

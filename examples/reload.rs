@@ -1,0 +1,304 @@
+//! Policies reloaded from a file when it changes, without dropping any key's state.
+//!
+//! ```sh
+//! cargo run --example reload                                # 127.0.0.1:3000 (or $PORT)
+//! POLICIES=/etc/myapp/policies.txt cargo run --example reload
+//! TOLLGATE_EXAMPLE_SELFTEST=1 cargo run --example reload    # drive itself and check
+//! ```
+//!
+//! Requests are limited per `x-api-key` by a policy set read from a text file (`$POLICIES`,
+//! default `policies.txt`, written with defaults when missing) in the format of
+//! `PolicySet::from_text`: `name = policy` lines, `* = ...` for limits every policy also
+//! applies, `#` comments. Keys starting with `pro_` get the `pro` policy, others `free`
+//! (a set without the name a key asks for gives it its first policy).
+//!
+//! A background task polls the file every 200 ms and, when its content changed, installs
+//! the new set with `layer.policy_handle().swap_text(..)`. Every key keeps its state: a
+//! key that spent its 5 of `free = 5/min` and then sees `free = 20/min` has 15 left, not
+//! a fresh 20 (see "How a key keeps its state across policies" in the `policy` module
+//! docs). A file that does not parse is reported with the line at fault, and the set in
+//! force stays until the file is fixed.
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use axum::{routing::get, Router};
+use tokio::{sync::watch, task::JoinHandle, time::MissedTickBehavior};
+use tollgate::{
+    key::{HeaderBytes, HeaderKey, RequestHead},
+    policy::{PolicyHandle, PolicySet},
+    RateLimitLayer,
+};
+
+/// What a missing policy file is created with.
+const DEFAULT_POLICIES: &str = "\
+# tollgate policies, one `name = policy` a line; the first is the fallback.
+# `* = ...` holds limits every policy also applies. Saved changes apply within 200 ms.
+free = 10/min
+pro = 100/min
+* = daily: 1000/day window
+";
+
+/// How often the file is looked at.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Modification times can be as coarse as 2 s (FAT; 1 s on some others): a file modified
+/// less than this long ago is read even if its time and length look unchanged, since a
+/// second write within the same tick of the clock leaves both as they were.
+const COARSE: Duration = Duration::from_secs(3);
+
+/// `pro_...` keys get the `pro` policy, every other key `free`.
+fn plan(_: &RequestHead<'_>, key: Option<&HeaderBytes>) -> &'static str {
+    match key {
+        Some(k) if k.starts_with(b"pro_") => "pro",
+        _ => "free",
+    }
+}
+
+/// The app limited by `set`, and the handle that swaps its policies.
+fn app(set: PolicySet) -> Result<(Router, PolicyHandle), tollgate::ConfigError> {
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key")?)
+        .policies(set)
+        .select(plan)
+        .label("reload")
+        .build()?;
+    let handle = layer.policy_handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok\n" }))
+        .layer(layer);
+    Ok((app, handle))
+}
+
+/// What the file watcher has done so far.
+#[derive(Clone, Debug, Default)]
+struct Reloads {
+    applied: u64,
+    refused: u64,
+    last_error: Option<String>,
+}
+
+/// Polls `path` and installs its policies whenever its content differs from `seen` (the
+/// text in force). A text the handle refuses is reported once and the set in force stays;
+/// fixing the file applies it. Every outcome is also published on `report`.
+fn watch_file(
+    path: PathBuf,
+    mut seen: String,
+    handle: PolicyHandle,
+    report: watch::Sender<Reloads>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stamp = None;
+        let mut unreadable = false;
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let meta = match tokio::fs::metadata(&path).await {
+                Ok(meta) => meta,
+                Err(e) => {
+                    if !std::mem::replace(&mut unreadable, true) {
+                        eprintln!("{}: {e}; the policies in force stay", path.display());
+                    }
+                    continue;
+                }
+            };
+            unreadable = false;
+            // The modification time and length say when to read the file; the content
+            // decides whether it changed.
+            let now = (meta.modified().ok(), meta.len());
+            let recent = now
+                .0
+                .and_then(|m| m.elapsed().ok())
+                .is_none_or(|age| age < COARSE);
+            if stamp == Some(now) && !recent {
+                continue;
+            }
+            stamp = Some(now);
+            let Ok(text) = tokio::fs::read_to_string(&path).await else {
+                continue;
+            };
+            if text == seen {
+                continue;
+            }
+            match handle.swap_text(&text) {
+                Ok(()) => {
+                    let set = handle.current();
+                    let names: Vec<_> = set.names().collect();
+                    println!("{}: reloaded ({})", path.display(), names.join(", "));
+                    report.send_modify(|r| r.applied += 1);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "{}: not reloaded, the policies in force stay: {e}",
+                        path.display()
+                    );
+                    report.send_modify(|r| {
+                        r.refused += 1;
+                        r.last_error = Some(e.to_string());
+                    });
+                }
+            }
+            seen = text;
+        }
+    })
+}
+
+/// Reads the policy file, writing the defaults first when it does not exist.
+fn read_or_create(path: &Path) -> io::Result<String> {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::write(path, DEFAULT_POLICIES)?;
+            println!("{}: created with the default policies", path.display());
+            Ok(DEFAULT_POLICIES.to_owned())
+        }
+        r => r,
+    }
+}
+
+/// Builds the app from the file at `path`, starts its watcher and serves on
+/// `127.0.0.1:port`.
+async fn start(
+    path: PathBuf,
+    port: u16,
+) -> Result<(SocketAddr, PolicyHandle, watch::Receiver<Reloads>), Box<dyn std::error::Error>> {
+    let text = read_or_create(&path)?;
+    let set = PolicySet::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (app, handle) = app(set)?;
+    let (report, reloads) = watch::channel(Reloads::default());
+    watch_file(path, text, handle.clone(), report);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((addr, handle, reloads))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var("TOLLGATE_EXAMPLE_SELFTEST").as_deref() == Ok("1") {
+        return selftest().await;
+    }
+    let path = PathBuf::from(std::env::var("POLICIES").unwrap_or_else(|_| "policies.txt".into()));
+    let port = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
+    let (addr, _handle, _reloads) = start(path.clone(), port).await?;
+    println!(
+        "limits per x-api-key from {} on http://{addr}",
+        path.display()
+    );
+    println!("  for i in $(seq 11); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: free_demo' http://{addr}/; done; echo");
+    println!("  curl -i -H 'x-api-key: pro_demo' http://{addr}/   # RateLimit-Policy shows the pro quota");
+    println!(
+        "  # edit {} (say, free = 20/min): the next response shows the new quota, and",
+        path.display()
+    );
+    println!("  # what a key spent stays spent; a line that does not parse is reported here.");
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Removes the self-test's policy file however the test ends.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
+    let file = TempFile(std::env::temp_dir().join(format!(
+        "tollgate-reload-selftest-{}.txt",
+        std::process::id()
+    )));
+    let path = file.0.clone();
+    std::fs::write(&path, "free = 5/min\n")?;
+    let (addr, handle, mut reloads) = start(path.clone(), 0).await?;
+
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/");
+    let expect = |codes: &[u16], ok: usize| {
+        assert_eq!(
+            codes,
+            [vec![200; ok], vec![429]].concat(),
+            "{ok} admitted, then refused"
+        );
+    };
+
+    // 5 per minute: 5 pass, the 6th is refused.
+    let (codes, before) = send(&client, &url, 6).await?;
+    println!("free = 5/min:  {codes:?}  RateLimit-Policy: {before}");
+    expect(&codes, 5);
+    assert_eq!(before, r#""free";q=5;w=60"#);
+
+    // 20 per minute, the same key: the 5 units it spent stay spent, so 15 pass, not 20.
+    // (The refill of 20/min is one unit per 3 s: the requests take milliseconds.)
+    std::fs::write(&path, "free = 20/min\n")?;
+    let r = handled(&mut reloads, 1).await?;
+    assert_eq!((r.applied, r.refused), (1, 0));
+    let twenty = PolicySet::from_text("free = 20/min")?;
+    assert_eq!(handle.current(), twenty);
+    let (codes, after) = send(&client, &url, 16).await?;
+    println!("free = 20/min: {codes:?}  RateLimit-Policy: {after}");
+    expect(&codes, 15);
+    assert_eq!(after, r#""free";q=20;w=60"#);
+
+    // A file that does not parse: refused, the error names its line, 20/min stays.
+    std::fs::write(&path, "free = 20/mni\n")?;
+    let r = handled(&mut reloads, 2).await?;
+    assert_eq!((r.applied, r.refused), (1, 1));
+    let error = r.last_error.unwrap_or_default();
+    assert!(error.starts_with("line 1:"), "{error}");
+    assert!(error.contains("\"mni\""), "{error}");
+    assert_eq!(handle.current(), twenty);
+    let (codes, kept) = send(&client, &url, 1).await?;
+    println!("free = 20/mni: {codes:?}  RateLimit-Policy: {kept}  (refused: {error})");
+    assert_eq!(
+        codes,
+        [429],
+        "the key's state is still the 20/min one, spent"
+    );
+    assert_eq!(kept, after);
+
+    println!("selftest ok");
+    Ok(())
+}
+
+/// `n` requests of the self-test's key: their statuses and the last `RateLimit-Policy`.
+async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+) -> Result<(Vec<u16>, String), reqwest::Error> {
+    let mut codes = Vec::with_capacity(n);
+    let mut policy = String::new();
+    for _ in 0..n {
+        let res = client
+            .get(url)
+            .header("x-api-key", "selftest_key")
+            .send()
+            .await?;
+        codes.push(res.status().as_u16());
+        let field = res.headers().get("ratelimit-policy");
+        policy = field.and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    }
+    Ok((codes, policy))
+}
+
+/// Waits until the watcher has handled its `n`th change (applied or refused), at most 5 s.
+async fn handled(
+    reloads: &mut watch::Receiver<Reloads>,
+    n: u64,
+) -> Result<Reloads, Box<dyn std::error::Error>> {
+    let wait = reloads.wait_for(|r| r.applied + r.refused >= n);
+    let r = tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .map_err(|_| format!("change {n} not picked up within 5 s"))??;
+    Ok(r.clone())
+}

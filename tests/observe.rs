@@ -1,0 +1,948 @@
+//! What the crate promises to observe (src/observe.rs): the metrics' names, attributes and
+//! exact values computed from the decisions made, and the `tracing` events of refusals,
+//! shadow would-be refusals and store failures. Stores run on a frozen `ManualClock` (or
+//! paused tokio time) so that nothing refills while a test runs.
+//!
+//! Metrics are read from a `metrics_util` `DebuggingRecorder` set as the thread's local
+//! recorder while a layer or store is built: the handles registered then keep pointing at
+//! it. A snapshot resets counters and gauges, so each test takes one, at its end.
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::{body::Body, routing::get, Router};
+use http::{Request, StatusCode};
+use support::Events;
+use tollgate::{
+    clock::ManualClock,
+    decision::{Outcome, Source},
+    error::StoreError,
+    key::{Global, HeaderBytes, HeaderKey, RequestHead},
+    limiter::OnStoreError,
+    store::{CheckFuture, MemoryStore, Store},
+    Decision, Policy, RateLimitLayer,
+};
+use tower::ServiceExt;
+
+/// A realistic "now" for the manual clocks (frozen unless a test moves them).
+const NOW: Duration = Duration::from_secs(1_700_000_000);
+
+/// The route events name: the matched route with axum's `MatchedPath` (feature `axum`),
+/// else the path.
+const ROUTE: &str = if cfg!(feature = "axum") {
+    " route=\"/items/{id}\""
+} else {
+    " route=\"/items/"
+};
+
+/// The raw keys of the plans tests: they must never appear in events.
+const FREE_KEY: &str = "free_s3cret-alice";
+const PRO_KEY: &str = "pro_s3cret-bob";
+
+/// `GET /items/{id}` behind a layer labelled `label` with two named policies, `free`
+/// (3/min) and `pro` (5/min, for keys starting with `pro_`), keyed by `x-key`, on a store
+/// whose clock never moves.
+fn plans_app(label: &str) -> Router {
+    let store = MemoryStore::<Option<HeaderBytes>, _>::new("1/s".parse::<Policy>().unwrap())
+        .with_clock(ManualClock::at(NOW));
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .named_policy("free", "3/min")
+        .named_policy("pro", "5/min")
+        .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| match key {
+            Some(k) if k.starts_with(b"pro_") => "pro",
+            _ => "free",
+        })
+        .label(label)
+        .build_with(store)
+        .unwrap();
+    Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// One request to `app`, with `x-key: key` when given; its status.
+async fn send(app: &Router, path: &str, key: Option<&str>) -> StatusCode {
+    let mut req = Request::get(path);
+    if let Some(key) = key {
+        req = req.header("x-key", key);
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    resp.status()
+}
+
+/// `n` requests with `key`: how many were admitted (200) and refused (429).
+async fn burst(app: &Router, key: &str, n: usize) -> (u64, u64) {
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..n {
+        match send(app, &format!("/items/{i}"), Some(key)).await {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    (ok, refused)
+}
+
+/// A store whose every call fails at once (a custom store's backend being down).
+struct Failing;
+
+impl Store<Option<()>> for Failing {
+    fn default_policy(&self) -> Option<Policy> {
+        Some("1/s".parse().unwrap())
+    }
+    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
+        CheckFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
+        self.decide(key, policy, cost)
+    }
+    fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
+}
+
+/// A store that answers every call with the same decision, made without its backend:
+/// what the Redis store's failure policy and negative cache return.
+struct Degraded {
+    outcome: Outcome,
+    source: Source,
+}
+
+impl Store<Option<()>> for Degraded {
+    fn default_policy(&self) -> Option<Policy> {
+        Some("1/s".parse().unwrap())
+    }
+    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(Decision::without_state(self.outcome, self.source, 1)))
+    }
+    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
+        self.decide(key, policy, cost)
+    }
+    fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
+}
+
+/// `GET /` behind a global layer labelled `label` on `store`.
+fn app_on<St: Store<Option<()>>>(label: &str, store: St, on_error: OnStoreError) -> Router {
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .label(label)
+        .on_store_error(on_error)
+        .build_with(store)
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// The lines of target `tollgate` at `level`.
+fn tollgate_at(events: &Events, level: &str) -> Vec<String> {
+    events
+        .at(level)
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("{level} tollgate:")))
+        .collect()
+}
+
+/// The value of the `key` field of an event line: it must be 16 hex digits.
+fn key_field(line: &str) -> String {
+    let at = line
+        .find(" key=")
+        .unwrap_or_else(|| panic!("no key field: {line}"));
+    let value: String = line[at + 5..]
+        .chars()
+        .take_while(|c| !c.is_whitespace())
+        .collect();
+    assert!(
+        value.len() == 16 && value.chars().all(|c| c.is_ascii_hexdigit()),
+        "the key field is not a 64-bit hash: {line}"
+    );
+    value
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Sleeps, if needed, until the wall clock is in the first half of a second, so that a
+/// short burst of failures happens within one second.
+fn at_start_of_a_second() {
+    let sub = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    if sub > 400_000_000 {
+        std::thread::sleep(Duration::from_nanos(
+            u64::from(1_000_000_000 - sub) + 1_000_000,
+        ));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------------------
+
+#[cfg(feature = "metrics")]
+mod recorded {
+    use std::collections::BTreeMap;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    pub(crate) type Labels = BTreeMap<String, String>;
+
+    pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A recorder for one test.
+    pub(crate) struct Recorder {
+        recorder: DebuggingRecorder,
+        snapshotter: Snapshotter,
+    }
+
+    impl Recorder {
+        pub(crate) fn new() -> Self {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            Recorder {
+                recorder,
+                snapshotter,
+            }
+        }
+
+        /// Runs `f` (building a layer or a store) with this recorder as the thread's.
+        pub(crate) fn scope<T>(&self, f: impl FnOnce() -> T) -> T {
+            metrics::with_local_recorder(&self.recorder, f)
+        }
+
+        /// Every series recorded so far (this resets counters and gauges).
+        pub(crate) fn snapshot(&self) -> Snap {
+            Snap(
+                self.snapshotter
+                    .snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .map(|(ck, _, _, value)| {
+                        let key = ck.key();
+                        let labels = key
+                            .labels()
+                            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                            .collect();
+                        (key.name().to_owned(), labels, value)
+                    })
+                    .collect(),
+            )
+        }
+    }
+
+    pub(crate) struct Snap(Vec<(String, Labels, DebugValue)>);
+
+    impl Snap {
+        /// The one series of `name` with exactly these attributes.
+        fn find(&self, name: &str, pairs: &[(&str, &str)]) -> &DebugValue {
+            let want = labels(pairs);
+            let found: Vec<_> = self
+                .0
+                .iter()
+                .filter(|(n, l, _)| n == name && *l == want)
+                .collect();
+            match found.as_slice() {
+                [one] => &one.2,
+                _ => panic!(
+                    "{} series {name} {want:?}; recorded: {:#?}",
+                    found.len(),
+                    self.0
+                        .iter()
+                        .filter(|(n, _, _)| n == name)
+                        .collect::<Vec<_>>()
+                ),
+            }
+        }
+
+        pub(crate) fn counter(&self, name: &str, pairs: &[(&str, &str)]) -> u64 {
+            match self.find(name, pairs) {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name} is not a counter: {other:?}"),
+            }
+        }
+
+        pub(crate) fn gauge(&self, name: &str, pairs: &[(&str, &str)]) -> f64 {
+            match self.find(name, pairs) {
+                DebugValue::Gauge(v) => v.0,
+                other => panic!("{name} is not a gauge: {other:?}"),
+            }
+        }
+
+        pub(crate) fn histogram(&self, name: &str, pairs: &[(&str, &str)]) -> Vec<f64> {
+            match self.find(name, pairs) {
+                DebugValue::Histogram(v) => v.iter().map(|x| x.0).collect(),
+                other => panic!("{name} is not a histogram: {other:?}"),
+            }
+        }
+
+        /// Every counter series of `name` whose attributes include `having`.
+        pub(crate) fn counters(
+            &self,
+            name: &str,
+            having: &[(&str, &str)],
+        ) -> BTreeMap<Labels, u64> {
+            self.0
+                .iter()
+                .filter(|(n, l, _)| {
+                    n == name
+                        && having
+                            .iter()
+                            .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+                })
+                .map(|(_, l, v)| match v {
+                    DebugValue::Counter(n) => (l.clone(), *n),
+                    other => panic!("{name} is not a counter: {other:?}"),
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+use recorded::{labels, Recorder};
+
+#[cfg(feature = "metrics")]
+const REQUESTS: &str = "tollgate.rate_limit.requests";
+#[cfg(feature = "metrics")]
+const IN_QUEUE: &str = "tollgate.rate_limit.request.time_in_queue";
+#[cfg(feature = "metrics")]
+const DEGRADED: &str = "tollgate.rate_limit.degraded_decisions";
+#[cfg(feature = "metrics")]
+const KEYS: &str = "tollgate.store.keys";
+#[cfg(feature = "metrics")]
+const EVICTIONS: &str = "tollgate.store.evictions";
+
+/// The four `tollgate.rate_limit.requests` series of one policy, by result.
+#[cfg(feature = "metrics")]
+fn requests_of(
+    limiter: &str,
+    policy: &str,
+    [admitted, delayed, refused, shadow_refused]: [u64; 4],
+) -> Vec<(recorded::Labels, u64)> {
+    [
+        ("admitted", admitted),
+        ("delayed", delayed),
+        ("refused", refused),
+        ("shadow_refused", shadow_refused),
+    ]
+    .into_iter()
+    .map(|(result, n)| {
+        (
+            labels(&[
+                ("tollgate.limiter", limiter),
+                ("tollgate.policy", policy),
+                ("tollgate.result", result),
+            ]),
+            n,
+        )
+    })
+    .collect()
+}
+
+/// The four `tollgate.rate_limit.degraded_decisions` series of a limiter, by source.
+#[cfg(feature = "metrics")]
+fn degraded_of(
+    limiter: &str,
+    [negative_cache, fallback, fail_open, fail_closed]: [u64; 4],
+) -> std::collections::BTreeMap<recorded::Labels, u64> {
+    [
+        ("negative_cache", negative_cache),
+        ("fallback", fallback),
+        ("fail_open", fail_open),
+        ("fail_closed", fail_closed),
+    ]
+    .into_iter()
+    .map(|(source, n)| {
+        (
+            labels(&[("tollgate.limiter", limiter), ("tollgate.source", source)]),
+            n,
+        )
+    })
+    .collect()
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn requests_are_counted_per_policy_and_result_under_the_layer_label() {
+    let rec = Recorder::new();
+    let app = rec.scope(|| plans_app("edge"));
+    // Requests are made outside the recorder's scope: the handles were registered inside.
+    let free = burst(&app, FREE_KEY, 10).await;
+    let pro = burst(&app, PRO_KEY, 10).await;
+    // 3/min and 5/min on a frozen clock: exactly the quota is admitted.
+    assert_eq!(free, (3, 7));
+    assert_eq!(pro, (5, 5));
+
+    let snap = rec.snapshot();
+    let expected: std::collections::BTreeMap<_, _> = requests_of("edge", "free", [3, 0, 7, 0])
+        .into_iter()
+        .chain(requests_of("edge", "pro", [5, 0, 5, 0]))
+        .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+    // Nothing degraded: the memory store decided every request.
+    assert_eq!(snap.counters(DEGRADED, &[]), degraded_of("edge", [0; 4]));
+    assert!(snap
+        .histogram(
+            IN_QUEUE,
+            &[("tollgate.limiter", "edge"), ("tollgate.policy", "free")]
+        )
+        .is_empty());
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn queued_requests_are_counted_as_delayed_with_their_exact_time_in_queue() {
+    use http::Response;
+    use std::convert::Infallible;
+    use tower::{Service, ServiceBuilder};
+
+    let rec = Recorder::new();
+    // 10/s (one slot every 100 ms), a queue of 5; the default label and an unnamed policy.
+    let layer = rec.scope(|| {
+        RateLimitLayer::builder()
+            .policy("queue 10/s 5")
+            .build()
+            .unwrap()
+    });
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) });
+    let start = tokio::time::Instant::now();
+    let mut futures = Vec::new();
+    for _ in 0..8 {
+        let mut svc = svc.clone();
+        futures.push(svc.ready().await.unwrap().call(Request::new(Body::empty())));
+    }
+    let mut got = Vec::new();
+    for f in futures {
+        let r = f.await.unwrap();
+        got.push((r.status().as_u16(), start.elapsed()));
+    }
+    // 1 at once, 5 queued at 100 ms spacing, 2 overflowing the queue.
+    let served: Vec<_> = got.iter().filter(|g| g.0 == 200).map(|g| g.1).collect();
+    assert_eq!(
+        served,
+        (0..6)
+            .map(|i| Duration::from_millis(100 * i))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(got.iter().filter(|g| g.0 == 429).count(), 2);
+
+    let snap = rec.snapshot();
+    let expected: std::collections::BTreeMap<_, _> =
+        requests_of("tollgate", "default", [1, 5, 2, 0])
+            .into_iter()
+            .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+    let waits: Vec<f64> = (1..=5)
+        .map(|i| Duration::from_millis(100 * i).as_secs_f64())
+        .collect();
+    assert_eq!(
+        snap.histogram(
+            IN_QUEUE,
+            &[
+                ("tollgate.limiter", "tollgate"),
+                ("tollgate.policy", "default")
+            ]
+        ),
+        waits
+    );
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn shadow_would_be_refusals_are_counted_as_shadow_refused_and_let_through() {
+    let rec = Recorder::new();
+    let app = rec.scope(|| {
+        let store = MemoryStore::<Option<HeaderBytes>, _>::new("1/s".parse::<Policy>().unwrap())
+            .with_clock(ManualClock::at(NOW));
+        let layer = RateLimitLayer::builder()
+            .key(HeaderKey::new("x-key").unwrap())
+            .policy("5/s shadow")
+            .label("rollout")
+            .build_with(store)
+            .unwrap();
+        Router::new()
+            .route("/items/{id}", get(|| async { "ok" }))
+            .layer(layer)
+    });
+    assert_eq!(
+        burst(&app, "k", 8).await,
+        (8, 0),
+        "a shadow limit refuses nothing"
+    );
+
+    let snap = rec.snapshot();
+    let expected: std::collections::BTreeMap<_, _> =
+        requests_of("rollout", "default", [5, 0, 0, 3])
+            .into_iter()
+            .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn swapped_policies_are_counted_under_their_new_names() {
+    let rec = Recorder::new();
+    let (layer, app) = rec.scope(|| {
+        let store = MemoryStore::<Option<HeaderBytes>, _>::new("1/s".parse::<Policy>().unwrap())
+            .with_clock(ManualClock::at(NOW));
+        let layer = RateLimitLayer::builder()
+            .key(HeaderKey::new("x-key").unwrap())
+            .named_policy("old", "2/min")
+            .label("swap")
+            .build_with(store)
+            .unwrap();
+        let app = Router::new()
+            .route("/items/{id}", get(|| async { "ok" }))
+            .layer(layer.clone());
+        (layer, app)
+    });
+    assert_eq!(burst(&app, "a", 3).await, (2, 1));
+    rec.scope(|| layer.policy_handle().swap_text("new = 3/min").unwrap());
+    // A key never seen, so that no state carries over from the old policy.
+    assert_eq!(burst(&app, "b", 5).await, (3, 2));
+
+    let snap = rec.snapshot();
+    let expected: std::collections::BTreeMap<_, _> = requests_of("swap", "old", [2, 0, 1, 0])
+        .into_iter()
+        .chain(requests_of("swap", "new", [3, 0, 2, 0]))
+        .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_generic_layer_counts_its_decisions_under_its_label() {
+    use tollgate::{generic, key::key_fn, BoxError};
+    use tower::{Service, ServiceBuilder};
+
+    let rec = Recorder::new();
+    let layer = rec.scope(|| {
+        let store = MemoryStore::<Option<u32>, _>::new("1/s".parse::<Policy>().unwrap())
+            .with_clock(ManualClock::at(NOW));
+        generic::RateLimitLayer::builder()
+            .key(key_fn(|tenant: &u32| Some(*tenant)))
+            .policy("2/min")
+            .label("jobs")
+            .build_with::<u32, _>(store)
+            .unwrap()
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|n: u32| async move { Ok::<_, BoxError>(n) });
+    let (events, _guard) = Events::capture();
+    let mut refused = 0;
+    for tenant in [1, 1, 1, 2, 2, 2, 2] {
+        match svc.ready().await.unwrap().call(tenant).await {
+            Ok(_) => {}
+            Err(e) if e.downcast_ref::<generic::RateLimited>().is_some() => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(refused, 3);
+
+    let snap = rec.snapshot();
+    let expected: std::collections::BTreeMap<_, _> = requests_of("jobs", "default", [4, 0, 3, 0])
+        .into_iter()
+        .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+    // One refusal event each, under the label, 2/min: 30 s to the next unit.
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 3, "{info:#?}");
+    for line in &info {
+        assert!(line.contains(" limiter=jobs"), "{line}");
+        assert!(line.contains(" policy=\"default\""), "{line}");
+        assert!(line.contains(" retry_after_ms=30000"), "{line}");
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn the_store_keys_gauge_counts_the_keys_held_under_the_layer_label() {
+    let rec = Recorder::new();
+    // `build` makes a memory store on tokio's clock (paused here), named after the layer.
+    let layer = rec.scope(|| {
+        RateLimitLayer::builder()
+            .key(HeaderKey::new("x-key").unwrap())
+            .policy("5/min")
+            .label("api")
+            .build()
+            .unwrap()
+    });
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(layer.clone());
+    assert_eq!(burst(&app, "k1", 7).await, (5, 2));
+    assert_eq!(burst(&app, "k2", 2).await, (2, 0));
+    assert_eq!(burst(&app, "k3", 1).await, (1, 0));
+    assert_eq!(layer.store().len(), 3);
+
+    let snap = rec.snapshot();
+    assert_eq!(snap.gauge(KEYS, &[("tollgate.store", "api")]), 3.0);
+    assert_eq!(
+        snap.counters(EVICTIONS, &[("tollgate.store", "api")]),
+        [("fresh", 0), ("with_state", 0)]
+            .into_iter()
+            .map(|(s, n)| (
+                labels(&[("tollgate.store", "api"), ("tollgate.state", s)]),
+                n
+            ))
+            .collect()
+    );
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn evictions_are_counted_with_state_over_budget_and_fresh_once_back_to_fresh() {
+    let rec = Recorder::new();
+    let clock = ManualClock::at(NOW);
+    // 1/min: every key checked once carries state for a minute. A 4 KiB budget: one
+    // shard holding a few dozen keys.
+    let store = rec.scope(|| {
+        MemoryStore::<u64, _>::new("1/min".parse::<Policy>().unwrap())
+            .with_clock(clock.clone())
+            .with_label("tiny")
+            .with_max_bytes(4096)
+            .unwrap()
+    });
+    let inserted = 3 * store.max_keys() as u64 + 7;
+    for k in 0..inserted {
+        assert!(store.check(&k, 1).is_allowed(), "key {k}");
+    }
+    // The clock has not moved: every key evicted so far still carried state.
+    let held = store.len() as u64;
+    assert!(held > 0 && held <= store.max_keys() as u64, "held {held}");
+    let with_state = inserted - held;
+    assert!(with_state > 0);
+    assert_eq!(store.stats().evicted_with_state, with_state);
+
+    // A minute later every key held is back to fresh; a sweep forgets them all.
+    clock.advance(Duration::from_secs(60));
+    store.sweep();
+    assert_eq!(store.len(), 0);
+
+    let snap = rec.snapshot();
+    let state = |s| [("tollgate.store", "tiny"), ("tollgate.state", s)];
+    assert_eq!(snap.counter(EVICTIONS, &state("with_state")), with_state);
+    assert_eq!(snap.counter(EVICTIONS, &state("fresh")), held);
+    // Every insert counted, every eviction taken off: nothing is held.
+    assert_eq!(snap.gauge(KEYS, &[("tollgate.store", "tiny")]), 0.0);
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn fail_closed_store_errors_are_counted_as_degraded_decisions() {
+    let rec = Recorder::new();
+    let app = rec.scope(|| app_on("closed", Failing, OnStoreError::FailClosed));
+    for _ in 0..6 {
+        assert_eq!(send(&app, "/", None).await, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let snap = rec.snapshot();
+    assert_eq!(
+        snap.counters(DEGRADED, &[]),
+        degraded_of("closed", [0, 0, 0, 6])
+    );
+    // A failed request is no decision of the policy's.
+    let expected: std::collections::BTreeMap<_, _> = requests_of("closed", "default", [0; 4])
+        .into_iter()
+        .collect();
+    assert_eq!(snap.counters(REQUESTS, &[]), expected);
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn fail_open_store_errors_are_counted_once_as_degraded_decisions() {
+    let rec = Recorder::new();
+    // Fail open is the default.
+    let app = rec.scope(|| app_on("open", Failing, OnStoreError::default()));
+    for _ in 0..6 {
+        assert_eq!(send(&app, "/", None).await, StatusCode::OK);
+    }
+    let snap = rec.snapshot();
+    assert_eq!(
+        snap.counters(DEGRADED, &[]),
+        degraded_of("open", [0, 0, 6, 0])
+    );
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn admitting_decisions_a_store_made_without_its_backend_are_counted_by_source() {
+    let admitted = Outcome::Allowed {
+        wait: Duration::ZERO,
+    };
+    for (source, counts) in [
+        (Source::Fallback, [0, 4, 0, 0]),
+        (Source::FailOpen, [0, 0, 4, 0]),
+    ] {
+        let rec = Recorder::new();
+        let store = Degraded {
+            outcome: admitted,
+            source,
+        };
+        let app = rec.scope(|| app_on("redis", store, OnStoreError::default()));
+        for _ in 0..4 {
+            assert_eq!(send(&app, "/", None).await, StatusCode::OK, "{source:?}");
+        }
+        let snap = rec.snapshot();
+        assert_eq!(
+            snap.counters(DEGRADED, &[]),
+            degraded_of("redis", counts),
+            "{source:?}"
+        );
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn refusing_decisions_a_store_made_without_its_backend_are_counted_by_source() {
+    let refused = Outcome::Denied {
+        retry_after: Duration::from_secs(1),
+    };
+    for (source, counts) in [
+        (Source::FailClosed, [0, 0, 0, 4]),
+        (Source::NegativeCache, [4, 0, 0, 0]),
+    ] {
+        let rec = Recorder::new();
+        let store = Degraded {
+            outcome: refused,
+            source,
+        };
+        let app = rec.scope(|| app_on("redis", store, OnStoreError::default()));
+        for _ in 0..4 {
+            assert_eq!(
+                send(&app, "/", None).await,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{source:?}"
+            );
+        }
+        let snap = rec.snapshot();
+        assert_eq!(
+            snap.counters(DEGRADED, &[]),
+            degraded_of("redis", counts),
+            "{source:?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn each_refusal_logs_one_info_event_with_label_policy_route_key_hash_and_retry_after() {
+    let app = plans_app("edge");
+    let (events, _guard) = Events::capture();
+    assert_eq!(burst(&app, FREE_KEY, 10).await, (3, 7));
+    assert_eq!(burst(&app, PRO_KEY, 10).await, (5, 5));
+
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 12, "one event per refusal: {info:#?}");
+    let (free, pro): (Vec<_>, Vec<_>) = info.iter().partition(|l| l.contains(" policy=\"free\""));
+    assert_eq!((free.len(), pro.len()), (7, 5), "{info:#?}");
+    // Refusals charge nothing and the clock is frozen: 3/min (free) waits 60 s / 3 for its
+    // next unit, 5/min (pro) 60 s / 5.
+    for (lines, policy, retry_ms) in [(&free, "free", 20_000), (&pro, "pro", 12_000)] {
+        for line in lines {
+            assert!(line.contains("rate limit refused a request"), "{line}");
+            assert!(line.contains(" limiter=edge"), "{line}");
+            assert!(line.contains(&format!(" policy=\"{policy}\"")), "{line}");
+            assert!(line.contains(ROUTE), "the matched route: {line}");
+            assert!(
+                line.contains(&format!(" retry_after_ms={retry_ms}")),
+                "{line}"
+            );
+        }
+    }
+    // The key appears as a hash: the same for every event of a key, distinct across keys.
+    let free_hashes: std::collections::BTreeSet<_> = free.iter().map(|l| key_field(l)).collect();
+    let pro_hashes: std::collections::BTreeSet<_> = pro.iter().map(|l| key_field(l)).collect();
+    assert_eq!(free_hashes.len(), 1, "{free:#?}");
+    assert_eq!(pro_hashes.len(), 1, "{pro:#?}");
+    assert_ne!(free_hashes, pro_hashes);
+    // ...and never as it is, in any event.
+    for line in events.lines() {
+        for raw in [FREE_KEY, PRO_KEY, "s3cret"] {
+            assert!(!line.contains(raw), "raw key in an event: {line}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn shadow_would_be_refusals_log_an_info_event_marked_shadow() {
+    let store = MemoryStore::<Option<HeaderBytes>, _>::new("1/s".parse::<Policy>().unwrap())
+        .with_clock(ManualClock::at(NOW));
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .policy("5/s shadow")
+        .label("rollout")
+        .build_with(store)
+        .unwrap();
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(layer);
+    let (events, _guard) = Events::capture();
+    assert_eq!(burst(&app, "tenant-7", 8).await, (8, 0));
+
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 3, "one event per would-be refusal: {info:#?}");
+    for line in &info {
+        assert!(
+            line.contains("a shadow rate limit would have refused this request"),
+            "{line}"
+        );
+        assert!(!line.contains("rate limit refused a request"), "{line}");
+        assert!(line.contains(" limiter=rollout"), "{line}");
+        assert!(line.contains(" policy=\"default\""), "{line}");
+        assert!(line.contains(ROUTE), "{line}");
+        // 5/s: 200 ms to the next unit.
+        assert!(line.contains(" retry_after_ms=200"), "{line}");
+        key_field(line);
+        assert!(!line.contains("tenant-7"), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn store_failures_warn_once_a_second_and_log_the_others_at_debug() {
+    // The limit is per wall-clock second: run the burst within one second (retried if a
+    // second boundary fell inside it, on a new layer).
+    for _ in 0..3 {
+        at_start_of_a_second();
+        let app = app_on("edge", Failing, OnStoreError::FailClosed);
+        let (events, guard) = Events::capture();
+        let before = unix_secs();
+        for _ in 0..5 {
+            assert_eq!(send(&app, "/", None).await, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        let after = unix_secs();
+        drop(guard);
+        if before != after {
+            continue;
+        }
+        let warn = tollgate_at(&events, "WARN");
+        let debug = tollgate_at(&events, "DEBUG");
+        assert_eq!(warn.len(), 1, "{warn:#?}");
+        assert_eq!(debug.len(), 4, "{debug:#?}");
+        for line in warn.iter().chain(&debug) {
+            assert!(line.contains("rate-limit store failed"), "{line}");
+            assert!(line.contains(" limiter=edge"), "{line}");
+            assert!(line.contains(" policy=\"default\""), "{line}");
+            assert!(line.contains(" route=\"/\""), "{line}");
+            assert!(line.contains("connection refused"), "the error: {line}");
+            assert!(line.contains(" then=FailClosed"), "{line}");
+        }
+        assert!(tollgate_at(&events, "INFO").is_empty());
+        return;
+    }
+    panic!("could not run 5 requests within one second");
+}
+
+#[tokio::test]
+async fn fail_open_logs_each_store_failure_once() {
+    for _ in 0..3 {
+        at_start_of_a_second();
+        let app = app_on("edge", Failing, OnStoreError::FailOpen);
+        let (events, guard) = Events::capture();
+        let before = unix_secs();
+        for _ in 0..5 {
+            assert_eq!(send(&app, "/", None).await, StatusCode::OK);
+        }
+        let after = unix_secs();
+        drop(guard);
+        if before != after {
+            continue;
+        }
+        let warn = tollgate_at(&events, "WARN");
+        let debug = tollgate_at(&events, "DEBUG");
+        assert_eq!(warn.len(), 1, "{warn:#?}");
+        assert_eq!(debug.len(), 4, "one event per failure: {debug:#?}");
+        for line in warn.iter().chain(&debug) {
+            assert!(line.contains(" then=FailOpen"), "{line}");
+        }
+        return;
+    }
+    panic!("could not run 5 requests within one second");
+}
+
+#[tokio::test]
+async fn a_stores_fail_closed_refusals_warn_once_a_second_and_log_the_others_at_debug() {
+    for _ in 0..3 {
+        at_start_of_a_second();
+        let store = Degraded {
+            outcome: Outcome::Denied {
+                retry_after: Duration::from_secs(1),
+            },
+            source: Source::FailClosed,
+        };
+        let app = app_on("redis", store, OnStoreError::default());
+        let (events, guard) = Events::capture();
+        let before = unix_secs();
+        for _ in 0..5 {
+            assert_eq!(send(&app, "/", None).await, StatusCode::TOO_MANY_REQUESTS);
+        }
+        let after = unix_secs();
+        drop(guard);
+        if before != after {
+            continue;
+        }
+        let warn = tollgate_at(&events, "WARN");
+        let debug = tollgate_at(&events, "DEBUG");
+        assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
+        for line in warn.iter().chain(&debug) {
+            assert!(line.contains("decided without it"), "{line}");
+            assert!(line.contains(" source=FailClosed"), "{line}");
+        }
+        return;
+    }
+    panic!("could not run 5 requests within one second");
+}
+
+#[tokio::test]
+async fn a_stores_fallback_decisions_warn_once_a_second_and_log_the_others_at_debug() {
+    for _ in 0..3 {
+        at_start_of_a_second();
+        let store = Degraded {
+            outcome: Outcome::Allowed {
+                wait: Duration::ZERO,
+            },
+            source: Source::Fallback,
+        };
+        let app = app_on("redis", store, OnStoreError::default());
+        let (events, guard) = Events::capture();
+        let before = unix_secs();
+        for _ in 0..5 {
+            assert_eq!(send(&app, "/", None).await, StatusCode::OK);
+        }
+        let after = unix_secs();
+        drop(guard);
+        if before != after {
+            continue;
+        }
+        let warn = tollgate_at(&events, "WARN");
+        let debug = tollgate_at(&events, "DEBUG");
+        assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
+        for line in warn.iter().chain(&debug) {
+            assert!(line.contains("decided without it"), "{line}");
+            assert!(line.contains(" limiter=redis"), "{line}");
+            assert!(line.contains(" policy=\"default\""), "{line}");
+            assert!(line.contains(" source=Fallback"), "{line}");
+        }
+        return;
+    }
+    panic!("could not run 5 requests within one second");
+}
