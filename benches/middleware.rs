@@ -16,7 +16,12 @@
 //! the rate-limit headers (tollgate: IETF `RateLimit` / `RateLimit-Policy`, its default;
 //! tower_governor: its `x-ratelimit-*` headers), and `refused` (each address spent its one
 //! request per hour during setup; tollgate answers with its defaults, `Retry-After`, the
-//! IETF fields and a problem+json body). `allowed/tsc-store` (feature `tsc`) is tollgate on
+//! IETF fields and a problem+json body). `allowed/selected` picks one of two named
+//! policies per request from the key; `allowed/shadow` runs a limit in shadow that would
+//! refuse every request (each is let through, marked and counted); `allowed/metrics` is
+//! `allowed` with a Prometheus recorder behind the layer's metric handles (in `allowed`
+//! they are the no-op recorder's). Their tower_governor column is its `allowed`.
+//! `allowed/tsc-store` (feature `tsc`) is tollgate on
 //! a [`MemoryStore`] with the opt-in TSC clock instead of the default store, which follows
 //! tokio's clock (so paused-time tests drive it). `headers-floor` has no limiter
 //! on the tollgate side: only the two IETF fields added to every response, the cheapest
@@ -36,9 +41,12 @@ use std::{
 use axum::{body::Body, extract::ConnectInfo};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
-use tollgate::{key::PeerIp, Quota, RateLimitLayer};
 #[cfg(feature = "tsc")]
-use tollgate::{store::MemoryStore, Limit};
+use tollgate::store::MemoryStore;
+use tollgate::{
+    key::{PeerIp, RequestHead},
+    Limit, Quota, RateLimitLayer,
+};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
 
@@ -154,6 +162,9 @@ where
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Row {
     Allowed,
+    AllowedSelected,
+    AllowedShadow,
+    AllowedMetrics,
     AllowedHeaders,
     AllowedTscStore,
     Refused,
@@ -176,9 +187,60 @@ fn tollgate(row: Row) -> Batch {
             .with_burst(1 << 36)
             .unwrap()
     };
+    let headers = matches!(row, Row::AllowedHeaders | Row::Refused);
     let builder = RateLimitLayer::builder()
         .key(PeerIp::new())
-        .ietf_headers(row != Row::Allowed && row != Row::AllowedTscStore);
+        .ietf_headers(headers);
+    match row {
+        Row::AllowedSelected => {
+            // Two plans, picked per request from the key (half the addresses are "pro").
+            let free = Limit::token_bucket(quota).unwrap();
+            let pro = Limit::token_bucket(quota.with_burst(1 << 37).unwrap()).unwrap();
+            let layer = builder
+                .named_policy("free", free)
+                .named_policy("pro", pro)
+                .select(|_: &RequestHead<'_>, ip: Option<&IpAddr>| match ip {
+                    Some(IpAddr::V4(v4)) if v4.octets()[3] % 2 == 0 => "pro",
+                    _ => "free",
+                })
+                .build()
+                .unwrap();
+            return batch(
+                ServiceBuilder::new().layer(layer).service_fn(hello),
+                StatusCode::OK,
+            );
+        }
+        Row::AllowedShadow => {
+            // A limit in shadow that would refuse every request: each one is let through,
+            // marked, counted and put in the extensions.
+            let limit = Limit::token_bucket(Quota::per_hour(1).unwrap())
+                .unwrap()
+                .shadow();
+            let layer = builder.limit(limit).build().unwrap();
+            let mut b = batch(
+                ServiceBuilder::new().layer(layer).service_fn(hello),
+                StatusCode::OK,
+            );
+            b(256); // every address spends its unit
+            return b;
+        }
+        #[cfg(feature = "metrics")]
+        Row::AllowedMetrics => {
+            // The `allowed` row with a Prometheus recorder bound to the layer's handles
+            // (the `allowed` row's handles go to the no-op recorder).
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let layer = metrics::with_local_recorder(&recorder, || {
+                builder.token_bucket(quota).build().unwrap()
+            });
+            // The recorder's storage lives as long as the handles.
+            std::mem::forget(recorder);
+            return batch(
+                ServiceBuilder::new().layer(layer).service_fn(hello),
+                StatusCode::OK,
+            );
+        }
+        _ => {}
+    }
     let status = if row == Row::Refused {
         StatusCode::TOO_MANY_REQUESTS
     } else {
@@ -223,6 +285,10 @@ fn tower_governor(row: Row) -> Batch {
 
 const ROWS: &[(&str, Row)] = &[
     ("allowed", Row::Allowed),
+    ("allowed/selected", Row::AllowedSelected),
+    ("allowed/shadow", Row::AllowedShadow),
+    #[cfg(feature = "metrics")]
+    ("allowed/metrics", Row::AllowedMetrics),
     ("allowed/headers", Row::AllowedHeaders),
     ("refused", Row::Refused),
     #[cfg(feature = "tsc")]

@@ -87,6 +87,17 @@ impl LimitReport {
     }
 }
 
+/// A would-be outcome of limits in shadow as [`Decision`] keeps it.
+pub(crate) fn shadow_code(o: Option<Outcome>) -> u64 {
+    match o {
+        Some(Outcome::Denied { retry_after }) => {
+            u64::try_from(retry_after.as_nanos()).map_or(u64::MAX - 1, |n| n.clamp(1, u64::MAX - 1))
+        }
+        Some(Outcome::Exceeds) => u64::MAX,
+        _ => 0,
+    }
+}
+
 /// The decision for one request. See the [module docs](self).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -94,9 +105,10 @@ pub struct Decision {
     pub(crate) source: Source,
     pub(crate) len: u8,
     pub(crate) limits: [LimitReport; MAX_LIMITS],
-    /// What the limits in shadow that refused would have answered (the request was
-    /// admitted by the others).
-    pub(crate) shadow: Option<Outcome>,
+    /// What the limits in shadow that refused would have answered, the request being
+    /// admitted by the others: 0 nothing, `u64::MAX` exceeding, else the retry-after in
+    /// ns (a word, not an `Option<Outcome>`: decisions are moved on every request).
+    pub(crate) shadow: u64,
 }
 
 impl Decision {
@@ -109,7 +121,7 @@ impl Decision {
             source: Source::Local,
             len: 1,
             limits,
-            shadow: None,
+            shadow: 0,
         }
     }
 
@@ -120,7 +132,7 @@ impl Decision {
         let mut d = Self::single(outcome, report);
         if shadow & 1 != 0 {
             if !matches!(outcome, Outcome::Allowed { .. }) {
-                d.shadow = Some(outcome);
+                d.shadow = shadow_code(Some(outcome));
             }
             d.outcome = Outcome::Allowed {
                 wait: Duration::ZERO,
@@ -159,7 +171,7 @@ impl Decision {
             source,
             len: len as u8,
             limits: reports,
-            shadow: None,
+            shadow: 0,
         }
     }
 
@@ -169,7 +181,7 @@ impl Decision {
     /// refused and [`Decision::retry_after`] says when they would have admitted it. Such
     /// a decision is in the request's extensions for handlers to read.
     pub fn shadowed(&self) -> bool {
-        self.shadow.is_some()
+        self.shadow != 0
     }
 
     /// Whether the request was admitted (perhaps after [`Decision::wait`]).
@@ -189,9 +201,10 @@ impl Decision {
     /// [shadowed](Decision::shadowed) one, until the limits in shadow would have admitted
     /// it); `None` when allowed or when the cost can never be admitted.
     pub fn retry_after(&self) -> Option<Duration> {
-        match (self.outcome, self.shadow) {
-            (Outcome::Denied { retry_after }, _) | (_, Some(Outcome::Denied { retry_after })) => {
-                Some(retry_after)
+        match self.outcome {
+            Outcome::Denied { retry_after } => Some(retry_after),
+            _ if self.shadow != 0 && self.shadow != u64::MAX => {
+                Some(Duration::from_nanos(self.shadow))
             }
             _ => None,
         }

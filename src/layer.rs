@@ -148,6 +148,7 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
         RateLimit {
             inner,
             limiter: Arc::clone(&self.limiter),
+            snapshot: self.limiter.snapshot(),
         }
     }
 }

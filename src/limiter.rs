@@ -9,12 +9,11 @@ use std::{
     hash::{Hash, Hasher},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, PoisonError, RwLock,
     },
     time::Duration,
 };
 
-use arc_swap::ArcSwap;
 use http::StatusCode;
 
 use crate::{
@@ -100,6 +99,22 @@ pub(crate) struct Installed<P> {
     metrics: Vec<PolicyMetrics>,
 }
 
+/// A service's copy of its limiter's installed set, taken again only when a swap changed
+/// it: a request reads one atomic instead of a shared pointer.
+pub(crate) struct Snapshot<P> {
+    installed: Arc<Installed<P>>,
+    version: u64,
+}
+
+impl<P> Clone for Snapshot<P> {
+    fn clone(&self) -> Self {
+        Snapshot {
+            installed: Arc::clone(&self.installed),
+            version: self.version,
+        }
+    }
+}
+
 /// The core of a layer. See the [module docs](self).
 pub(crate) struct Limiter<X, St, C, F: Prepare> {
     pub(crate) key: X,
@@ -108,11 +123,15 @@ pub(crate) struct Limiter<X, St, C, F: Prepare> {
     pub(crate) missing: MissingKey,
     pub(crate) on_error: OnStoreError,
     pub(crate) flavour: F,
-    installed: ArcSwap<Installed<F::Prepared>>,
+    installed: RwLock<Arc<Installed<F::Prepared>>>,
+    /// Counts installs; a [`Snapshot`] of an older count is taken again.
+    version: AtomicU64,
     /// Every name the selector can return, when they are a closed set.
     names: Option<&'static [&'static str]>,
     /// The store's check of a policy, with the key type fixed when the layer was built.
     supports: fn(&St, &Policy) -> Result<(), ConfigError>,
+    /// The store's `policies_installed`, likewise.
+    installed_hook: fn(&St, &PolicySet),
     /// Whether the extractor's misconfiguration was logged already (once per layer).
     warned: AtomicBool,
     pub(crate) observe: Observe,
@@ -156,7 +175,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
             .field("key", &self.key)
-            .field("policies", &self.installed.load().set)
+            .field("policies", &self.current_installed().set)
             .field("missing_key", &self.missing)
             .field("on_store_error", &self.on_error)
             .finish_non_exhaustive()
@@ -172,10 +191,13 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     {
         let supports: fn(&St, &Policy) -> Result<(), ConfigError> =
             |st, p| <St as Store<Option<K>>>::supports(st, p);
+        let installed_hook: fn(&St, &PolicySet) =
+            |st, set| <St as Store<Option<K>>>::policies_installed(st, set);
         let observe = Observe::new(parts.label);
         let installed = prepare(&parts.flavour, &observe, parts.set, parts.names, |p| {
             supports(&parts.store, p)
         })?;
+        parts.store.policies_installed(&installed.set);
         Ok(Limiter {
             key: parts.key,
             store: parts.store,
@@ -183,9 +205,11 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             missing: parts.missing,
             on_error: parts.on_error,
             flavour: parts.flavour,
-            installed: ArcSwap::from_pointee(installed),
+            installed: RwLock::new(Arc::new(installed)),
+            version: AtomicU64::new(0),
             names: parts.names,
             supports,
+            installed_hook,
             warned: AtomicBool::new(false),
             observe,
         })
@@ -193,7 +217,26 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
 
     /// The policy set in force.
     pub(crate) fn policies(&self) -> PolicySet {
-        self.installed.load().set.clone()
+        self.current_installed().set.clone()
+    }
+
+    fn current_installed(&self) -> Arc<Installed<F::Prepared>> {
+        Arc::clone(
+            &self
+                .installed
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// The installed set, for a new service.
+    pub(crate) fn snapshot(&self) -> Snapshot<F::Prepared> {
+        // The count first: a swap between the two reads is seen again next time.
+        let version = self.version.load(Ordering::Acquire);
+        Snapshot {
+            installed: self.current_installed(),
+            version,
+        }
     }
 }
 
@@ -232,7 +275,12 @@ where
         let installed = prepare(&self.flavour, &self.observe, set, self.names, |p| {
             (self.supports)(&self.store, p)
         })?;
-        self.installed.store(Arc::new(installed));
+        (self.installed_hook)(&self.store, &installed.set);
+        *self
+            .installed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(installed);
+        self.version.fetch_add(1, Ordering::Release);
         tracing::info!(target: "tollgate", limiter = %self.observe.label(), "rate-limit policies swapped");
         Ok(())
     }
@@ -245,7 +293,11 @@ where
 impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     /// Extracts the key, picks the policy, weighs the request and asks the store.
     #[inline]
-    pub(crate) fn begin<Req, K>(self: &Arc<Self>, req: &mut Req) -> Begin<Req, F::Refusal, F::Extra>
+    pub(crate) fn begin<Req, K>(
+        self: &Arc<Self>,
+        snapshot: &mut Snapshot<F::Prepared>,
+        req: &mut Req,
+    ) -> Begin<Req, F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
         X: KeyExtractor<Req, Key = K> + Send + Sync + 'static,
@@ -256,7 +308,10 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         F::Refusal: 'static,
         F::Extra: 'static,
     {
-        let installed = self.installed.load();
+        if self.version.load(Ordering::Acquire) != snapshot.version {
+            *snapshot = self.snapshot();
+        }
+        let installed = &snapshot.installed;
         let key = match self.key.extract(req) {
             Some(k) => Some(k),
             None => match self.keyless(req) {
@@ -272,13 +327,13 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
         let cost = self.cost.cost(req);
         if let Some(d) = self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.conclude(req, &installed, index, key, cost, d, false));
+            return Begin::Now(self.conclude(req, installed, index, key, cost, &d, false));
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {
-            Some(result) => Begin::Now(self.settle(req, &installed, index, key, cost, result)),
+            Some(result) => Begin::Now(self.settle(req, installed, index, key, cost, result)),
             None => {
-                let (me, installed) = (Arc::clone(self), arc_swap::Guard::into_inner(installed));
+                let (me, installed) = (Arc::clone(self), Arc::clone(installed));
                 let then: Continuation<Req, F::Refusal, F::Extra> =
                     Box::new(move |result, req: &mut Req| {
                         me.settle(req, &installed, index, key, cost, result)
@@ -328,7 +383,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         C: Send + Sync + 'static,
     {
         match result {
-            Ok(d) => self.conclude(req, installed, index, key, cost, d, false),
+            Ok(d) => self.conclude(req, installed, index, key, cost, &d, false),
             Err(e) => {
                 let entry = installed.set.entry(index);
                 let route = self.flavour.route(req);
@@ -344,7 +399,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                             entry.policy.limits().len(),
                         );
                         // Counted and logged as the store failure above.
-                        self.conclude(req, installed, index, key, cost, d, true)
+                        self.conclude(req, installed, index, key, cost, &d, true)
                     }
                     OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
                 }
@@ -364,7 +419,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         index: usize,
         key: Option<K>,
         cost: u64,
-        d: Decision,
+        d: &Decision,
         observed: bool,
     ) -> Next<F::Refusal, F::Extra>
     where
@@ -380,15 +435,15 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         let policy = entry.policy.for_key(|| key_hash(&key));
         let shadow_mask = policy.shadow_mask();
         let metrics = &installed.metrics[index.min(installed.metrics.len() - 1)];
-        metrics.decided(&d);
+        metrics.decided(d);
         let plain =
             d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
         if !plain && !observed {
             self.observe
-                .decided(entry.name.as_deref(), self.flavour.route(req), &key, &d);
+                .decided(entry.name.as_deref(), self.flavour.route(req), &key, d);
         }
         let v = Verdict {
-            decision: &d,
+            decision: d,
             name: entry.name.as_deref(),
             prepared: &installed.prepared[index.min(installed.prepared.len() - 1)],
             shadow_mask,

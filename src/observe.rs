@@ -158,18 +158,18 @@ impl Observe {
         }
     }
 
-    /// A refusal, or a request a shadow limit would have refused.
+    /// A refusal, or a request a shadow limit would have refused. The key's hash and the
+    /// fields are computed only when a subscriber wants the event.
     fn refused<K: Hash>(&self, policy: Option<&str>, route: Option<&str>, key: &K, d: &Decision) {
-        let retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64);
-        let key = format_args!("{:016x}", key_hash(key));
+        let retry_after_ms = || d.retry_after().map(|r| r.as_millis() as u64);
         if d.shadowed() {
             tracing::info!(
                 target: "tollgate",
                 limiter = %self.label,
                 policy = policy_label(policy),
                 route,
-                %key,
-                retry_after_ms,
+                key = %format_args!("{:016x}", key_hash(key)),
+                retry_after_ms = retry_after_ms(),
                 "a shadow rate limit would have refused this request (let through)"
             );
         } else {
@@ -178,8 +178,8 @@ impl Observe {
                 limiter = %self.label,
                 policy = policy_label(policy),
                 route,
-                %key,
-                retry_after_ms,
+                key = %format_args!("{:016x}", key_hash(key)),
+                retry_after_ms = retry_after_ms(),
                 outcome = ?d.outcome(),
                 "rate limit refused a request"
             );

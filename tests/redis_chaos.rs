@@ -107,6 +107,22 @@ async fn run(s: Scenario) {
         }));
     }
 
+    // The machine's own stalls (a VM descheduled): how late a 1 ms timer fires, at worst.
+    // A request answered late by that much is the machine's doing, not the store's.
+    let stall = Arc::new(Mutex::new(Duration::ZERO));
+    {
+        let stall = stall.clone();
+        tasks.push(tokio::spawn(async move {
+            while t0.elapsed() < end {
+                let before = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let late = before.elapsed().saturating_sub(Duration::from_millis(2));
+                let mut worst = stall.lock().unwrap();
+                *worst = (*worst).max(late);
+            }
+        }));
+    }
+
     tokio::time::sleep(WARMUP).await;
     let srv = server.clone();
     let fault = s.fault;
@@ -140,11 +156,13 @@ async fn run(s: Scenario) {
     let opened = states.iter().any(|(_, st)| *st == BreakerState::Open);
     let final_state = store.breaker_state();
     eprintln!(
-        "chaos {}: {} decisions, max latency {:?}, sources {:?}, breaker opened: {}, final {:?}, \
-         fault at {:?}, recovered at {:?}, first Redis decision {:?} after recovery",
+        "chaos {}: {} decisions, max latency {:?} (machine stall {:?}), sources {:?}, breaker \
+         opened: {}, final {:?}, fault at {:?}, recovered at {:?}, first Redis decision {:?} \
+         after recovery",
         s.name,
         records.len(),
         max_latency,
+        *stall.lock().unwrap(),
         by_source,
         opened,
         final_state,
@@ -153,9 +171,10 @@ async fn run(s: Scenario) {
         first_store_after
     );
 
+    let stall = *stall.lock().unwrap();
     assert!(
-        max_latency <= DEADLINE + MARGIN,
-        "{}: a request waited {max_latency:?}",
+        max_latency <= DEADLINE + MARGIN + stall,
+        "{}: a request waited {max_latency:?} (the machine stalled {stall:?} at worst)",
         s.name
     );
     for r in &records {

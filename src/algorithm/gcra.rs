@@ -195,6 +195,14 @@ impl Gcra {
         }
     }
 
+    /// Charges `cost` units whatever the limit, at most twice the capacity ahead.
+    pub(crate) fn force(&self, tat: u64, now: u64, cost: u64) -> u64 {
+        let base = tat.max(now);
+        base.saturating_add(cost.saturating_mul(self.t))
+            .min(now.saturating_add(self.cap.saturating_mul(2)))
+            .max(tat)
+    }
+
     /// Gives back `cost` units (a queued request that was dropped before its slot).
     pub(crate) fn refund(&self, tat: u64, cost: u64) -> u64 {
         tat.saturating_sub(cost.saturating_mul(self.t))

@@ -498,6 +498,15 @@ impl Limit {
         out
     }
 
+    /// Charges `cost` units whatever the limit (a request another policy admitted).
+    pub(crate) fn force(&self, s: &mut [u64], now: u64, cost: u64) {
+        match &self.params {
+            Params::Gcra(g) => s[0] = g.force(s[0], now, cost),
+            Params::Fixed(w) => w.force_fixed(s, now, cost),
+            Params::Sliding(w) => w.force_sliding(s, now, cost),
+        }
+    }
+
     pub(crate) fn refund(&self, s: &mut [u64], now: u64, cost: u64) {
         match &self.params {
             Params::Gcra(g) => s[0] = g.refund(s[0], cost),

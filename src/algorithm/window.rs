@@ -204,6 +204,23 @@ impl Window {
         prev == 0 && cur == 0
     }
 
+    /// Charges `cost` units whatever the limit, at most twice the limit (fixed).
+    pub(crate) fn force_fixed(&self, s: &mut [u64], now: u64, cost: u64) {
+        let tag = self.position(now).0;
+        let count = if s[0] == tag { s[1] } else { 0 };
+        s[0] = tag;
+        s[1] = count.saturating_add(cost).min(self.limit.saturating_mul(2));
+    }
+
+    /// Charges `cost` units whatever the limit, at most twice the limit (sliding).
+    pub(crate) fn force_sliding(&self, s: &mut [u64], now: u64, cost: u64) {
+        let tag = self.position(now).0;
+        let (prev, cur) = self.sliding_counts(s, tag);
+        s[0] = tag;
+        s[1] = prev;
+        s[2] = cur.saturating_add(cost).min(self.limit.saturating_mul(2));
+    }
+
     /// Gives back `cost` units charged in the current window (fixed).
     pub(crate) fn refund_fixed(&self, s: &mut [u64], now: u64, cost: u64) {
         if s[0] == self.position(now).0 {

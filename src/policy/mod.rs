@@ -37,6 +37,12 @@
 //! (the charge is capped at a full bucket: the wait never exceeds the new limit's own
 //! refill time). A limit with no counterpart starts fresh.
 //!
+//! A request that began before a swap, still under the old set, does not convert the
+//! state back: in memory it is decided on the state as its policy sees it and charged to
+//! the state as the new set wrote it. (On Redis, such a request converts it back once.)
+//! Policies that alternate for one key (chosen by route, say) share its state and convert
+//! it at every change; to limit routes apart, key by route and client.
+//!
 //! ```
 //! use tollgate::{policy::PolicySet, Policy};
 //!
@@ -340,7 +346,11 @@ impl Policy {
             source: crate::decision::Source::Local,
             len: limits.len() as u8,
             limits: reports,
-            shadow: if admitted { would.outcome() } else { None },
+            shadow: if admitted {
+                crate::decision::shadow_code(would.outcome())
+            } else {
+                0
+            },
         };
         (decision, admitted.then_some(next))
     }
@@ -367,6 +377,15 @@ impl Policy {
     /// The state as it stands: every limit's report for a request of no cost.
     pub(crate) fn report(&self, state: &[u64], now: u64) -> Decision {
         self.eval(state, now, 0).0
+    }
+
+    /// Charges `cost` units to every limit whatever they say (a request decided under
+    /// another policy, charged to the state this one wrote).
+    pub(crate) fn force(&self, state: &mut [u64], now: u64, cost: u64) {
+        for (i, limit) in self.limits().iter().enumerate() {
+            let off = self.inner.offsets[i] as usize;
+            limit.force(&mut state[off..off + limit.params.words()], now, cost);
+        }
     }
 
     /// Gives back `cost` units to every limit (a queued request dropped before its slot).

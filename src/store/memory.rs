@@ -331,6 +331,11 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         }
         let mut inner = self.write(hash);
         let now = now();
+        if op == Op::Check {
+            if let Some(d) = Self::begun_before_swap(cx, &inner, key, hash, cost, now) {
+                return d;
+            }
+        }
         // The key's state as this policy's, taken out of its table (or fresh).
         let found = Self::current(cx, &inner, key, hash, now);
         let known = found.is_some();
@@ -395,6 +400,51 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         } else {
             cx.carry(*tag, &s, now)
         },))
+    }
+
+    /// A request decided under a set older than the one the key's state was written
+    /// under (it began before a swap): decided on the state as its policy sees it, and,
+    /// admitted, charged to the state as it is. Converting the state back would cap it
+    /// at the old limit, and the next request, converting it forward again, would find
+    /// units given back.
+    fn begun_before_swap(
+        cx: &Ctx<'_>,
+        inner: &ShardInner<One<S>, Many<S>>,
+        key: &S,
+        hash: u64,
+        cost: u64,
+        now: u64,
+    ) -> Option<Decision> {
+        let charge = |tag: u32, state: &mut [u64]| {
+            let mut view = cx.carry(tag, state, now);
+            let d = cx.policy.decide(&mut view, now, cost);
+            if d.is_allowed() && cost > 0 {
+                cx.tags.with(tag, |p| p.map(|p| p.force(state, now, cost)));
+            }
+            d
+        };
+        if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
+            if e.1 == cx.tag || !cx.tags.newer(e.1, cx.tag) {
+                return None;
+            }
+            let mut s = [0; MAX_WORDS];
+            s[0] = e.2.load(Ordering::Acquire);
+            let d = charge(e.1, &mut s);
+            e.2.store(s[0], Ordering::Release);
+            return Some(d);
+        }
+        let e = inner.many.find(hash, |e| e.0 == *key)?;
+        let mut cell = e.1.lock().unwrap_or_else(PoisonError::into_inner);
+        let tag = cell.0;
+        if tag == cx.tag || !cx.tags.newer(tag, cx.tag) {
+            return None;
+        }
+        let mut s = [0; MAX_WORDS];
+        s[..cell.1.len()].copy_from_slice(&cell.1);
+        let d = charge(tag, &mut s);
+        let n = cell.1.len();
+        cell.1.copy_from_slice(&s[..n]);
+        Some(d)
     }
 
     fn stats(&self) -> MemoryStats {
@@ -617,6 +667,10 @@ where
     #[inline]
     fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
         Some(self.run(Op::Check, key, policy, cost))
+    }
+
+    fn policies_installed(&self, set: &crate::policy::PolicySet) {
+        self.tags.installed(set.policies());
     }
 
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {

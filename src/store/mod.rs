@@ -38,7 +38,7 @@ pub use self::redis::{
 pub use key_bytes::KeyBytes;
 pub use memory::{MemoryStats, MemoryStore, DEFAULT_MAX_BYTES};
 
-use crate::{decision::Decision, error::StoreError, Policy};
+use crate::{decision::Decision, error::StoreError, policy::PolicySet, Policy};
 
 /// Where per-key state lives: decides for a key under a policy. See the
 /// [module docs](self).
@@ -79,6 +79,14 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Gives back `cost` units charged earlier (a queued request dropped before its slot).
     /// Best effort: a network store sends it in the background.
     fn refund(&self, key: &K, policy: &Policy, cost: u64);
+
+    /// Called when a layer starts applying `set` (built, or swapped). A store that
+    /// carries a key's state across policies uses it to tell a request begun before a swap
+    /// (still under the old set) from a change of plan: the first is charged to the state
+    /// as the new set wrote it, instead of converting it back. The default does nothing.
+    fn policies_installed(&self, set: &PolicySet) {
+        let _ = set;
+    }
 }
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
@@ -175,5 +183,8 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     }
     fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
         (**self).decide_now(key, policy, cost)
+    }
+    fn policies_installed(&self, set: &PolicySet) {
+        (**self).policies_installed(set)
     }
 }

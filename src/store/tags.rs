@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
         PoisonError, RwLock,
     },
 };
@@ -12,6 +12,9 @@ use std::{
 use crate::Policy;
 
 static STORE_IDS: AtomicU32 = AtomicU32::new(1);
+
+/// Counts the sets layers installed, process-wide: the later a set, the larger its count.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
 /// One store's policies by tag: one tag per distinct set of parameters it has written
 /// state under, so the table grows with the configurations used, not with requests.
@@ -25,6 +28,8 @@ pub(crate) struct Tags {
 struct Registry {
     by_fingerprint: HashMap<u64, u32>,
     policies: Vec<Policy>,
+    /// By tag: the count of the last set installed with this policy (0: none).
+    generations: Vec<u64>,
 }
 
 impl Tags {
@@ -55,9 +60,31 @@ impl Tags {
         let tag = *r.by_fingerprint.entry(policy.fingerprint()).or_insert(next);
         if tag == next {
             r.policies.push(policy.clone());
+            r.generations.push(0);
         }
         policy.cache_tag(self.id, tag);
         tag
+    }
+
+    /// Records that a layer installed these policies together (a set, built or swapped).
+    pub(crate) fn installed<'a>(&self, policies: impl Iterator<Item = &'a Policy>) {
+        let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        for p in policies {
+            let tag = self.tag(p);
+            let mut r = self
+                .registry
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            r.generations[tag as usize] = generation;
+        }
+    }
+
+    /// Whether the policy tagged `a` belongs to a set installed after that of `b`: a
+    /// request decided under `b` began before a swap to `a`'s set.
+    pub(crate) fn newer(&self, a: u32, b: u32) -> bool {
+        let r = self.registry.read().unwrap_or_else(PoisonError::into_inner);
+        let g = |t: u32| r.generations.get(t as usize).copied().unwrap_or(0);
+        g(a) > g(b)
     }
 
     /// The policy a state tagged `tag` was written under.

@@ -64,6 +64,9 @@ impl Events {
     pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
         let events = Events::default();
         let guard = tracing::subscriber::set_default(events.clone());
+        // A callsite first hit by a test without a subscriber, on another thread, may
+        // have cached "never"; recompute every callsite's interest with this one live.
+        tracing::callsite::rebuild_interest_cache();
         (events, guard)
     }
 

@@ -238,7 +238,11 @@ pub(super) fn decode_decision(
         source: Source::Store,
         len: n as u8,
         limits: reports,
-        shadow: if admitted { would.outcome() } else { None },
+        shadow: if admitted {
+            crate::decision::shadow_code(would.outcome())
+        } else {
+            0
+        },
     })
 }
 
