@@ -14,8 +14,8 @@ use crate::{
     decision::Decision,
     error::ConfigError,
     key::{Global, KeyExtractor, RequestHead},
-    limiter::{Limiter, MissingKey, OnStoreError, Parts},
-    policy::{IntoPolicy, Policy, PolicyHandle, PolicyName, PolicySet, SelectHead},
+    limiter::{Limiter, MissingKey, OnStoreError, Settings},
+    policy::{IntoPolicy, PolicyHandle, PolicyName, PolicySet, SelectHead},
     quota::Quota,
     response::{Answers, Rejection},
     service::{Http, RateLimit},
@@ -125,11 +125,10 @@ where
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn new(key: X, policy: impl Into<PolicySet>) -> Self {
-        let set = policy.into();
-        let store = MemoryStore::new(set.fallback().clone());
-        Builder::<X, UnitCost>::with_key(key)
-            .finish::<X::Key, _>(store, set)
-            .expect("the memory store decides every policy")
+        Builder::with_key(key)
+            .policies(policy.into())
+            .build()
+            .expect("a set of validated policies, which the memory store decides")
     }
 }
 
@@ -148,7 +147,6 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
         RateLimit {
             inner,
             limiter: Arc::clone(&self.limiter),
-            snapshot: self.limiter.snapshot(),
         }
     }
 }
@@ -164,28 +162,18 @@ pub struct Builder<X, C> {
 
 /// Everything of a builder that does not change its type.
 struct Config {
-    limits: Vec<Limit>,
-    named: Vec<(String, Policy)>,
-    set: Option<PolicySet>,
-    names: Option<&'static [&'static str]>,
-    error: Option<ConfigError>,
-    missing: MissingKey,
-    on_error: OnStoreError,
+    core: Settings,
     answers: Answers,
     expose: bool,
-    max_bytes: Option<usize>,
     shadow_header: Option<HeaderName>,
     hook: Option<Hook>,
-    label: Arc<str>,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("key", &self.key)
-            .field("limits", &self.cfg.limits)
-            .field("named", &self.cfg.named)
-            .field("missing", &self.cfg.missing)
+            .field("settings", &self.cfg.core)
             .finish_non_exhaustive()
     }
 }
@@ -196,19 +184,11 @@ impl<X> Builder<X, UnitCost> {
             key,
             cost: UnitCost,
             cfg: Config {
-                limits: Vec::new(),
-                named: Vec::new(),
-                set: None,
-                names: None,
-                error: None,
-                missing: MissingKey::default(),
-                on_error: OnStoreError::default(),
+                core: Settings::default(),
                 answers: Answers::default(),
                 expose: false,
-                max_bytes: None,
                 shadow_header: None,
                 hook: None,
-                label: "tollgate".into(),
             },
         }
     }
@@ -235,12 +215,7 @@ impl<X, C> Builder<X, C> {
     }
 
     fn push(mut self, limit: Result<Limit, ConfigError>) -> Self {
-        match limit {
-            Ok(l) => self.cfg.limits.push(l),
-            Err(e) => {
-                self.cfg.error.get_or_insert(e);
-            }
-        }
+        self.cfg.core.limit(limit);
         self
     }
 
@@ -253,12 +228,7 @@ impl<X, C> Builder<X, C> {
     /// Adds every limit of a policy, or of its text (see [`Builder::limit`]):
     /// `.policy("100/s burst 200")`. A bad text is reported by `build`.
     pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
-        match policy.into_policy() {
-            Ok(p) => self.cfg.limits.extend(p.limits().iter().cloned()),
-            Err(e) => {
-                self.cfg.error.get_or_insert(e);
-            }
-        }
+        self.cfg.core.policy(policy);
         self
     }
 
@@ -281,19 +251,14 @@ impl<X, C> Builder<X, C> {
     /// is the fallback. The limits of [`Builder::limit`] apply to every named policy too.
     /// See [`crate::policy`].
     pub fn named_policy(mut self, name: impl Into<String>, policy: impl IntoPolicy) -> Self {
-        match policy.into_policy() {
-            Ok(p) => self.cfg.named.push((name.into(), p)),
-            Err(e) => {
-                self.cfg.error.get_or_insert(e);
-            }
-        }
+        self.cfg.core.named_policy(name.into(), policy);
         self
     }
 
     /// Uses a whole policy set (read from a file, say) instead of
     /// [`Builder::limit`] and [`Builder::named_policy`].
     pub fn policies(mut self, set: PolicySet) -> Self {
-        self.cfg.set = Some(set);
+        self.cfg.core.policies(set);
         self
     }
 
@@ -325,7 +290,7 @@ impl<X, C> Builder<X, C> {
         F: Fn(&RequestHead<'_>, Option<&K>) -> N,
         N: PolicyName,
     {
-        self.cfg.names = N::all_names();
+        self.cfg.core.names = N::all_names();
         Builder {
             key: SelectHead {
                 key: self.key,
@@ -339,13 +304,13 @@ impl<X, C> Builder<X, C> {
 
     /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.cfg.missing = missing;
+        self.cfg.core.missing = missing;
         self
     }
 
     /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.cfg.on_error = on_error;
+        self.cfg.core.on_error = on_error;
         self
     }
 
@@ -394,11 +359,10 @@ impl<X, C> Builder<X, C> {
     pub fn shadow_header(mut self, name: &str) -> Self {
         match HeaderName::from_bytes(name.as_bytes()) {
             Ok(n) => self.cfg.shadow_header = Some(n),
-            Err(_) => {
-                self.cfg
-                    .error
-                    .get_or_insert(ConfigError::InvalidHeaderName(name.to_owned()));
-            }
+            Err(_) => self
+                .cfg
+                .core
+                .fail(ConfigError::InvalidHeaderName(name.to_owned())),
         }
         self
     }
@@ -431,7 +395,7 @@ impl<X, C> Builder<X, C> {
 
     /// The layer's name in metrics and events (default `tollgate`).
     pub fn label(mut self, label: &str) -> Self {
-        self.cfg.label = label.into();
+        self.cfg.core.label = label.into();
         self
     }
 
@@ -440,33 +404,8 @@ impl<X, C> Builder<X, C> {
     /// never grows it past this: keys back to fresh go first, then those closest to it.
     /// With [`Builder::build_with`], size your own store instead.
     pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.cfg.max_bytes = Some(bytes);
+        self.cfg.core.max_bytes = Some(bytes);
         self
-    }
-
-    /// The policy set this builder describes, or `None` when it was given no limit.
-    fn take_set(&mut self) -> Result<Option<PolicySet>, ConfigError> {
-        if let Some(e) = self.cfg.error.take() {
-            return Err(e);
-        }
-        let limits = std::mem::take(&mut self.cfg.limits);
-        let named = std::mem::take(&mut self.cfg.named);
-        if let Some(set) = self.cfg.set.take() {
-            if !limits.is_empty() || !named.is_empty() {
-                return Err(ConfigError::PolicySet(
-                    "policies(..) replaces limit(..) and named_policy(..): give one or the other"
-                        .into(),
-                ));
-            }
-            return Ok(Some(set));
-        }
-        if !named.is_empty() {
-            return PolicySet::named(named, limits).map(Some);
-        }
-        if limits.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(PolicySet::single(Policy::from_limits(limits)?)))
     }
 
     fn finish<K, St>(
@@ -483,17 +422,7 @@ impl<X, C> Builder<X, C> {
             shadow_header: self.cfg.shadow_header,
             hook: self.cfg.hook,
         };
-        let limiter = Limiter::new::<K>(Parts {
-            key: self.key,
-            store,
-            cost: self.cost,
-            missing: self.cfg.missing,
-            on_error: self.cfg.on_error,
-            flavour,
-            set,
-            names: self.cfg.names,
-            label: self.cfg.label,
-        })?;
+        let limiter = Limiter::new::<K>(self.key, self.cost, store, flavour, set, self.cfg.core)?;
         Ok(RateLimitLayer {
             limiter: Arc::new(limiter),
         })
@@ -518,9 +447,7 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let store =
-            MemoryStore::for_layer(set.fallback().clone(), &self.cfg.label, self.cfg.max_bytes)?;
+        let (set, store) = self.cfg.core.memory_store()?;
         self.finish::<X::Key, _>(store, set)
     }
 
@@ -544,15 +471,7 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         St: Store<Option<X::Key>>,
     {
-        if self.cfg.max_bytes.is_some() {
-            return Err(ConfigError::Store(
-                "max_bytes sizes the built-in store; set the budget on your store instead".into(),
-            ));
-        }
-        let set = match self.take_set()? {
-            Some(set) => set,
-            None => PolicySet::single(store.default_policy().ok_or(ConfigError::NoLimits)?),
-        };
+        let set = self.cfg.core.set_for(&store)?;
         self.finish::<X::Key, _>(store, set)
     }
 }

@@ -140,7 +140,8 @@
 //!
 //! # Memory and speed
 //!
-//! The in-memory [`store::MemoryStore`] keeps one `u64` per key for a token bucket,
+//! The in-memory [`store::MemoryStore`] keeps one `u64` per key for a token bucket (and a
+//! 4-byte tag of the policy that wrote it),
 //! updates it with one compare-and-swap under a shard's shared lock, forgets keys whose
 //! state is back to fresh as part of normal inserts, and holds at most a memory budget
 //! (32 MiB by default) under a flood. See `BENCHMARKS.md` in the repository for measured

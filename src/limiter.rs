@@ -9,22 +9,25 @@ use std::{
     hash::{Hash, Hasher},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, PoisonError, RwLock,
+        Arc,
     },
     time::Duration,
 };
 
+use arc_swap::ArcSwap;
 use http::StatusCode;
 
 use crate::{
+    algorithm::Limit,
     cost::Cost,
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
     future::{Continuation, Next, RefundGuard},
     key::KeyExtractor,
+    layer::DefaultStore,
     observe::{Observe, PolicyMetrics},
-    policy::{check_names, handle::Install, Policy, PolicySet},
-    store::{CheckFuture, Store},
+    policy::{check_names, handle::Install, IntoPolicy, Policy, PolicySet},
+    store::{CheckFuture, MemoryStore, Store},
 };
 
 /// What to do with a request from which no key can be extracted. Never silently unlimited
@@ -99,22 +102,6 @@ pub(crate) struct Installed<P> {
     metrics: Vec<PolicyMetrics>,
 }
 
-/// A service's copy of its limiter's installed set, taken again only when a swap changed
-/// it: a request reads one atomic instead of a shared pointer.
-pub(crate) struct Snapshot<P> {
-    installed: Arc<Installed<P>>,
-    version: u64,
-}
-
-impl<P> Clone for Snapshot<P> {
-    fn clone(&self) -> Self {
-        Snapshot {
-            installed: Arc::clone(&self.installed),
-            version: self.version,
-        }
-    }
-}
-
 /// The core of a layer. See the [module docs](self).
 pub(crate) struct Limiter<X, St, C, F: Prepare> {
     pub(crate) key: X,
@@ -123,15 +110,17 @@ pub(crate) struct Limiter<X, St, C, F: Prepare> {
     pub(crate) missing: MissingKey,
     pub(crate) on_error: OnStoreError,
     pub(crate) flavour: F,
-    installed: RwLock<Arc<Installed<F::Prepared>>>,
-    /// Counts installs; a [`Snapshot`] of an older count is taken again.
-    version: AtomicU64,
+    /// The set the layer was built with, read with one load while no swap happened (the
+    /// common case: no shared counter or lock is touched per request).
+    first: Arc<Installed<F::Prepared>>,
+    /// The set in force once a swap happened.
+    installed: ArcSwap<Installed<F::Prepared>>,
+    swapped: AtomicBool,
     /// Every name the selector can return, when they are a closed set.
     names: Option<&'static [&'static str]>,
-    /// The store's check of a policy, with the key type fixed when the layer was built.
-    supports: fn(&St, &Policy) -> Result<(), ConfigError>,
-    /// The store's `policies_installed`, likewise.
-    installed_hook: fn(&St, &PolicySet),
+    /// The store's check of a set (every policy supported), which it is then told it
+    /// applies; with the key type fixed when the layer was built.
+    accept: fn(&St, &PolicySet) -> Result<(), ConfigError>,
     /// Whether the extractor's misconfiguration was logged already (once per layer).
     warned: AtomicBool,
     pub(crate) observe: Observe,
@@ -147,17 +136,123 @@ pub(crate) enum Begin<Req, O, H> {
     Unlimited,
 }
 
-/// The parts of a limiter set when a layer is built.
-pub(crate) struct Parts<X, St, C, F> {
-    pub(crate) key: X,
-    pub(crate) store: St,
-    pub(crate) cost: C,
+/// What both layers' builders configure besides the key, the cost and the answers: the
+/// policies, what to do without a key or a store, the layer's name and its memory budget.
+/// Errors are kept (the first one) and reported when the layer is built.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    limits: Vec<Limit>,
+    named: Vec<(String, Policy)>,
+    set: Option<PolicySet>,
+    /// Every name the selector can return, when they are a closed set.
+    pub(crate) names: Option<&'static [&'static str]>,
+    error: Option<ConfigError>,
     pub(crate) missing: MissingKey,
     pub(crate) on_error: OnStoreError,
-    pub(crate) flavour: F,
-    pub(crate) set: PolicySet,
-    pub(crate) names: Option<&'static [&'static str]>,
+    pub(crate) max_bytes: Option<usize>,
     pub(crate) label: Arc<str>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            limits: Vec::new(),
+            named: Vec::new(),
+            set: None,
+            names: None,
+            error: None,
+            missing: MissingKey::default(),
+            on_error: OnStoreError::default(),
+            max_bytes: None,
+            label: "tollgate".into(),
+        }
+    }
+}
+
+impl Settings {
+    /// Keeps `error` for `build`, unless an earlier one is kept already.
+    pub(crate) fn fail(&mut self, error: ConfigError) {
+        self.error.get_or_insert(error);
+    }
+
+    pub(crate) fn limit(&mut self, limit: Result<Limit, ConfigError>) {
+        match limit {
+            Ok(l) => self.limits.push(l),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub(crate) fn policy(&mut self, policy: impl IntoPolicy) {
+        match policy.into_policy() {
+            Ok(p) => self.limits.extend(p.limits().iter().cloned()),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub(crate) fn named_policy(&mut self, name: String, policy: impl IntoPolicy) {
+        match policy.into_policy() {
+            Ok(p) => self.named.push((name, p)),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    pub(crate) fn policies(&mut self, set: PolicySet) {
+        self.set = Some(set);
+    }
+
+    /// The policy set described, or `None` when no limit was given.
+    fn take_set(&mut self) -> Result<Option<PolicySet>, ConfigError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let limits = std::mem::take(&mut self.limits);
+        let named = std::mem::take(&mut self.named);
+        if let Some(set) = self.set.take() {
+            if !limits.is_empty() || !named.is_empty() {
+                return Err(ConfigError::PolicySet(
+                    "policies(..) replaces limit(..) and named_policy(..): give one or the other"
+                        .into(),
+                ));
+            }
+            return Ok(Some(set));
+        }
+        if !named.is_empty() {
+            return PolicySet::named(named, limits).map(Some);
+        }
+        if limits.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(PolicySet::single(Policy::from_limits(limits)?)))
+    }
+
+    /// The set, and the in-memory store a layer builds for itself (under the layer's
+    /// label and memory budget).
+    pub(crate) fn memory_store<K>(&mut self) -> Result<(PolicySet, DefaultStore<K>), ConfigError>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
+        let store = MemoryStore::for_layer(set.fallback().clone(), &self.label, self.max_bytes)?;
+        Ok((set, store))
+    }
+
+    /// The set for a store of the user's: the limits given, or else the store's own.
+    pub(crate) fn set_for<K, St: Store<Option<K>>>(
+        &mut self,
+        store: &St,
+    ) -> Result<PolicySet, ConfigError> {
+        if self.max_bytes.is_some() {
+            return Err(ConfigError::Store(
+                "max_bytes sizes the built-in store; set the budget on your store instead".into(),
+            ));
+        }
+        match self.take_set()? {
+            Some(set) => Ok(set),
+            None => Ok(PolicySet::single(
+                store.default_policy().ok_or(ConfigError::NoLimits)?,
+            )),
+        }
+    }
 }
 
 /// A stable hash of a key: for events (keys never appear as they are) and for choosing
@@ -175,7 +270,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
             .field("key", &self.key)
-            .field("policies", &self.current_installed().set)
+            .field("policies", &self.installed.load().set)
             .field("missing_key", &self.missing)
             .field("on_store_error", &self.on_error)
             .finish_non_exhaustive()
@@ -185,31 +280,40 @@ where
 impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     /// A limiter for a key type `K`: checks every policy of the set against the store and
     /// the selector.
-    pub(crate) fn new<K>(parts: Parts<X, St, C, F>) -> Result<Self, ConfigError>
+    pub(crate) fn new<K>(
+        key: X,
+        cost: C,
+        store: St,
+        flavour: F,
+        set: PolicySet,
+        settings: Settings,
+    ) -> Result<Self, ConfigError>
     where
         St: Store<Option<K>>,
     {
-        let supports: fn(&St, &Policy) -> Result<(), ConfigError> =
-            |st, p| <St as Store<Option<K>>>::supports(st, p);
-        let installed_hook: fn(&St, &PolicySet) =
-            |st, set| <St as Store<Option<K>>>::policies_installed(st, set);
-        let observe = Observe::new(parts.label);
-        let installed = prepare(&parts.flavour, &observe, parts.set, parts.names, |p| {
-            supports(&parts.store, p)
-        })?;
-        parts.store.policies_installed(&installed.set);
+        let accept: fn(&St, &PolicySet) -> Result<(), ConfigError> = |st, set| {
+            for p in set.policies() {
+                <St as Store<Option<K>>>::supports(st, p)?;
+            }
+            <St as Store<Option<K>>>::policies_installed(st, set);
+            Ok(())
+        };
+        let observe = Observe::new(settings.label);
+        let installed = Arc::new(prepare(&flavour, &observe, set, settings.names, |set| {
+            accept(&store, set)
+        })?);
         Ok(Limiter {
-            key: parts.key,
-            store: parts.store,
-            cost: parts.cost,
-            missing: parts.missing,
-            on_error: parts.on_error,
-            flavour: parts.flavour,
-            installed: RwLock::new(Arc::new(installed)),
-            version: AtomicU64::new(0),
-            names: parts.names,
-            supports,
-            installed_hook,
+            key,
+            store,
+            cost,
+            missing: settings.missing,
+            on_error: settings.on_error,
+            flavour,
+            installed: ArcSwap::new(Arc::clone(&installed)),
+            first: installed,
+            swapped: AtomicBool::new(false),
+            names: settings.names,
+            accept,
             warned: AtomicBool::new(false),
             observe,
         })
@@ -217,26 +321,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
 
     /// The policy set in force.
     pub(crate) fn policies(&self) -> PolicySet {
-        self.current_installed().set.clone()
-    }
-
-    fn current_installed(&self) -> Arc<Installed<F::Prepared>> {
-        Arc::clone(
-            &self
-                .installed
-                .read()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
-    }
-
-    /// The installed set, for a new service.
-    pub(crate) fn snapshot(&self) -> Snapshot<F::Prepared> {
-        // The count first: a swap between the two reads is seen again next time.
-        let version = self.version.load(Ordering::Acquire);
-        Snapshot {
-            installed: self.current_installed(),
-            version,
-        }
+        self.installed.load().set.clone()
     }
 }
 
@@ -246,14 +331,14 @@ fn prepare<F: Prepare>(
     observe: &Observe,
     set: PolicySet,
     names: Option<&'static [&'static str]>,
-    supports: impl Fn(&Policy) -> Result<(), ConfigError>,
+    accept: impl FnOnce(&PolicySet) -> Result<(), ConfigError>,
 ) -> Result<Installed<F::Prepared>, ConfigError> {
     check_names(&set, names)?;
+    accept(&set)?;
     let mut prepared = Vec::with_capacity(set.len());
     let mut metrics = Vec::with_capacity(set.len());
     for i in 0..set.len() {
         let e = set.entry(i);
-        supports(&e.policy)?;
         prepared.push(flavour.prepare(e.name.as_deref(), &e.policy));
         metrics.push(observe.policy(e.name.as_deref()));
     }
@@ -272,15 +357,11 @@ where
     F: Prepare,
 {
     fn install(&self, set: PolicySet) -> Result<(), ConfigError> {
-        let installed = prepare(&self.flavour, &self.observe, set, self.names, |p| {
-            (self.supports)(&self.store, p)
+        let installed = prepare(&self.flavour, &self.observe, set, self.names, |set| {
+            (self.accept)(&self.store, set)
         })?;
-        (self.installed_hook)(&self.store, &installed.set);
-        *self
-            .installed
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::new(installed);
-        self.version.fetch_add(1, Ordering::Release);
+        self.installed.store(Arc::new(installed));
+        self.swapped.store(true, Ordering::Release);
         tracing::info!(target: "tollgate", limiter = %self.observe.label(), "rate-limit policies swapped");
         Ok(())
     }
@@ -293,11 +374,7 @@ where
 impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     /// Extracts the key, picks the policy, weighs the request and asks the store.
     #[inline]
-    pub(crate) fn begin<Req, K>(
-        self: &Arc<Self>,
-        snapshot: &mut Snapshot<F::Prepared>,
-        req: &mut Req,
-    ) -> Begin<Req, F::Refusal, F::Extra>
+    pub(crate) fn begin<Req, K>(self: &Arc<Self>, req: &mut Req) -> Begin<Req, F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
         X: KeyExtractor<Req, Key = K> + Send + Sync + 'static,
@@ -308,10 +385,13 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         F::Refusal: 'static,
         F::Extra: 'static,
     {
-        if self.version.load(Ordering::Acquire) != snapshot.version {
-            *snapshot = self.snapshot();
-        }
-        let installed = &snapshot.installed;
+        let swapped;
+        let installed = if self.swapped.load(Ordering::Acquire) {
+            swapped = self.installed.load();
+            &*swapped
+        } else {
+            &self.first
+        };
         let key = match self.key.extract(req) {
             Some(k) => Some(k),
             None => match self.keyless(req) {
@@ -322,21 +402,34 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                 }
             },
         };
-        let choice = self.key.policy(req, key.as_ref(), &installed.set);
-        let index = choice.0;
+        let index = self.key.policy(req, key.as_ref(), &installed.set).0;
+        // Resolved for the key once: a partial rollout's limits, enforced or in shadow.
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
         let cost = self.cost.cost(req);
+        let at = At {
+            installed,
+            index,
+            policy,
+            cost,
+        };
         if let Some(d) = self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.conclude(req, installed, index, key, cost, &d, false));
+            return Begin::Now(self.conclude(req, &at, key, &d));
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {
-            Some(result) => Begin::Now(self.settle(req, installed, index, key, cost, result)),
+            Some(result) => Begin::Now(self.settle(req, &at, key, result)),
             None => {
-                let (me, installed) = (Arc::clone(self), Arc::clone(installed));
+                let (me, installed, policy) =
+                    (Arc::clone(self), Arc::clone(installed), policy.clone());
                 let then: Continuation<Req, F::Refusal, F::Extra> =
                     Box::new(move |result, req: &mut Req| {
-                        me.settle(req, &installed, index, key, cost, result)
+                        let at = At {
+                            installed: &installed,
+                            index,
+                            policy: &policy,
+                            cost,
+                        };
+                        me.settle(req, &at, key, result)
                     });
                 Begin::Later(check, then)
             }
@@ -369,10 +462,8 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     fn settle<Req, K>(
         self: &Arc<Self>,
         req: &mut Req,
-        installed: &Installed<F::Prepared>,
-        index: usize,
+        at: &At<'_, F::Prepared>,
         key: Option<K>,
-        cost: u64,
         result: Result<Decision, StoreError>,
     ) -> Next<F::Refusal, F::Extra>
     where
@@ -382,45 +473,34 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         X: Send + Sync + 'static,
         C: Send + Sync + 'static,
     {
-        match result {
-            Ok(d) => self.conclude(req, installed, index, key, cost, &d, false),
-            Err(e) => {
-                let entry = installed.set.entry(index);
-                let route = self.flavour.route(req);
-                self.observe
-                    .store_failed(entry.name.as_deref(), route, &e, self.on_error);
-                match self.on_error {
-                    OnStoreError::FailOpen => {
-                        let d = Decision::without_state(
-                            Outcome::Allowed {
-                                wait: Duration::ZERO,
-                            },
-                            Source::FailOpen,
-                            entry.policy.limits().len(),
-                        );
-                        // Counted and logged as the store failure above.
-                        self.conclude(req, installed, index, key, cost, &d, true)
-                    }
-                    OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
-                }
+        let e = match result {
+            Ok(d) => return self.conclude(req, at, key, &d),
+            Err(e) => e,
+        };
+        let name = at.installed.set.entry(at.index).name.as_deref();
+        self.observe
+            .store_failed(name, self.flavour.route(req), &e, self.on_error);
+        match self.on_error {
+            OnStoreError::FailOpen => {
+                let open = Outcome::Allowed {
+                    wait: Duration::ZERO,
+                };
+                let d = Decision::without_state(open, Source::FailOpen, at.policy.limits().len());
+                // Observed above, as the store failure it is.
+                self.respond(req, at, key, &d)
             }
+            OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
         }
     }
 
-    /// From a decision to the next step: shadow limits, what is observed (unless the
-    /// failure that led to it already was), the flavour's refusal or admission, and the
-    /// refund of a queued request dropped before its turn.
+    /// From a decision to the next step: what is observed of it, then the answer.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     fn conclude<Req, K>(
         self: &Arc<Self>,
         req: &mut Req,
-        installed: &Installed<F::Prepared>,
-        index: usize,
+        at: &At<'_, F::Prepared>,
         key: Option<K>,
-        cost: u64,
         d: &Decision,
-        observed: bool,
     ) -> Next<F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
@@ -429,29 +509,44 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         X: Send + Sync + 'static,
         C: Send + Sync + 'static,
     {
-        let entry = installed.set.entry(index);
-        // The store let through what only limits in shadow refused; the response reports
-        // the limits enforced for this key.
-        let policy = entry.policy.for_key(|| key_hash(&key));
-        let shadow_mask = policy.shadow_mask();
-        let metrics = &installed.metrics[index.min(installed.metrics.len() - 1)];
-        metrics.decided(d);
         let plain =
             d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
-        if !plain && !observed {
-            self.observe
-                .decided(entry.name.as_deref(), self.flavour.route(req), &key, d);
+        if !plain {
+            let name = at.installed.set.entry(at.index).name.as_deref();
+            self.observe.decided(name, self.flavour.route(req), &key, d);
         }
+        self.respond(req, at, key, d)
+    }
+
+    /// The decision counted, then the flavour's refusal or admission, with the refund of
+    /// a queued request dropped before its turn.
+    #[inline]
+    fn respond<Req, K>(
+        self: &Arc<Self>,
+        req: &mut Req,
+        at: &At<'_, F::Prepared>,
+        key: Option<K>,
+        d: &Decision,
+    ) -> Next<F::Refusal, F::Extra>
+    where
+        F: Flavour<Req>,
+        K: Hash + Clone + Send + Sync + 'static,
+        St: Store<Option<K>>,
+        X: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+    {
+        at.installed.metrics[at.index].decided(d);
         let v = Verdict {
             decision: d,
-            name: entry.name.as_deref(),
-            prepared: &installed.prepared[index.min(installed.prepared.len() - 1)],
-            shadow_mask,
+            name: at.installed.set.entry(at.index).name.as_deref(),
+            prepared: &at.installed.prepared[at.index],
+            // The response reports the limits enforced for this key.
+            shadow_mask: at.policy.shadow_mask(),
         };
         match d.outcome() {
             Outcome::Allowed { wait } => {
                 let refund = (!wait.is_zero()).then(|| {
-                    let (me, policy) = (Arc::clone(self), policy.clone());
+                    let (me, policy, cost) = (Arc::clone(self), at.policy.clone(), at.cost);
                     RefundGuard::new(move || me.store.refund(&key, &policy, cost))
                 });
                 Next::Proceed {
@@ -463,6 +558,15 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             _ => Next::Refuse(self.flavour.refuse(req, &v)),
         }
     }
+}
+
+/// Where a request stands once its policy is chosen: the set, the policy's index in it,
+/// the policy as resolved for the key, and the request's cost.
+pub(crate) struct At<'a, P> {
+    installed: &'a Arc<Installed<P>>,
+    index: usize,
+    policy: &'a Policy,
+    cost: u64,
 }
 
 /// Counts refusals in a window of one second: the first store failure of each second is

@@ -65,6 +65,18 @@ fn describe() {
     );
 }
 
+/// An outage event: `WARN` for the first of each second per layer, `DEBUG` for the others,
+/// so that an outage does not log every request.
+macro_rules! outage {
+    ($observe:expr, $($event:tt)+) => {
+        if $observe.warned.first(unix_secs()) {
+            tracing::warn!(target: "tollgate", $($event)+)
+        } else {
+            tracing::debug!(target: "tollgate", $($event)+)
+        }
+    };
+}
+
 fn unix_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -196,27 +208,15 @@ impl Observe {
     ) {
         #[cfg(feature = "metrics")]
         self.degraded[if then == OnStoreError::FailOpen { 2 } else { 3 }].increment(1);
-        if self.warned.first(unix_secs()) {
-            tracing::warn!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                %error,
-                then = ?then,
-                "rate-limit store failed (at most one warning a second; the others at debug)"
-            );
-        } else {
-            tracing::debug!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                %error,
-                then = ?then,
-                "rate-limit store failed"
-            );
-        }
+        outage!(
+            self,
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route,
+            %error,
+            then = ?then,
+            "rate-limit store failed"
+        );
     }
 
     /// A decision a store made without its backend.
@@ -229,31 +229,16 @@ impl Observe {
             _ => 3,
         }]
         .increment(1);
-        let admitted = d.is_allowed();
-        let retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64);
-        if self.warned.first(unix_secs()) {
-            tracing::warn!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                ?source,
-                admitted,
-                retry_after_ms,
-                "rate-limit store unavailable: decided without it (at most one warning a second)"
-            );
-        } else {
-            tracing::debug!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                ?source,
-                admitted,
-                retry_after_ms,
-                "rate-limit store unavailable: decided without it"
-            );
-        }
+        outage!(
+            self,
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route,
+            ?source,
+            admitted = d.is_allowed(),
+            retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
+            "rate-limit store unavailable: decided without it"
+        );
     }
 }
 

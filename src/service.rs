@@ -22,7 +22,7 @@ use crate::{
     future::{take_ready, Finished, Machine},
     key::{KeyExtractor, RequestHead},
     layer::{DecisionEvent, Hook},
-    limiter::{Begin, Flavour, Limiter, Prepare, Snapshot, Verdict},
+    limiter::{Begin, Flavour, Limiter, Prepare, Verdict},
     policy::Policy,
     response::{plain, Answers, Fields, RateLimitBody, ResponseHeaders},
     store::Store,
@@ -120,7 +120,6 @@ impl<B> Flavour<Request<B>> for Http {
 pub struct RateLimit<S, X, St, C> {
     pub(crate) inner: S,
     pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
-    pub(crate) snapshot: Snapshot<<Http as Prepare>::Prepared>,
 }
 
 impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
@@ -128,7 +127,6 @@ impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
-            snapshot: self.snapshot.clone(),
         }
     }
 }
@@ -213,7 +211,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let machine = match self.limiter.begin(&mut self.snapshot, &mut req) {
+        let machine = match self.limiter.begin(&mut req) {
             Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
             Begin::Later(check, then) => {
                 Machine::checking(check, then, take_ready(&mut self.inner), req)

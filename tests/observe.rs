@@ -170,6 +170,27 @@ fn unix_secs() -> u64 {
         .as_secs()
 }
 
+/// Five requests to a fresh `app()` within one wall-clock second (the warnings are per
+/// second), each answered `status`: the events they logged. Retried on a new app when a
+/// second boundary fell inside the burst.
+async fn five_within_one_second(app: impl Fn() -> Router, status: StatusCode) -> Events {
+    for _ in 0..3 {
+        at_start_of_a_second();
+        let app = app();
+        let (events, guard) = Events::capture();
+        let before = unix_secs();
+        for _ in 0..5 {
+            assert_eq!(send(&app, "/", None).await, status);
+        }
+        let after = unix_secs();
+        drop(guard);
+        if before == after {
+            return events;
+        }
+    }
+    panic!("could not run 5 requests within one second");
+}
+
 /// Sleeps, if needed, until the wall clock is in the first half of a second, so that a
 /// short burst of failures happens within one second.
 fn at_start_of_a_second() {
@@ -819,130 +840,90 @@ async fn shadow_would_be_refusals_log_an_info_event_marked_shadow() {
 
 #[tokio::test]
 async fn store_failures_warn_once_a_second_and_log_the_others_at_debug() {
-    // The limit is per wall-clock second: run the burst within one second (retried if a
-    // second boundary fell inside it, on a new layer).
-    for _ in 0..3 {
-        at_start_of_a_second();
-        let app = app_on("edge", Failing, OnStoreError::FailClosed);
-        let (events, guard) = Events::capture();
-        let before = unix_secs();
-        for _ in 0..5 {
-            assert_eq!(send(&app, "/", None).await, StatusCode::SERVICE_UNAVAILABLE);
-        }
-        let after = unix_secs();
-        drop(guard);
-        if before != after {
-            continue;
-        }
-        let warn = tollgate_at(&events, "WARN");
-        let debug = tollgate_at(&events, "DEBUG");
-        assert_eq!(warn.len(), 1, "{warn:#?}");
-        assert_eq!(debug.len(), 4, "{debug:#?}");
-        for line in warn.iter().chain(&debug) {
-            assert!(line.contains("rate-limit store failed"), "{line}");
-            assert!(line.contains(" limiter=edge"), "{line}");
-            assert!(line.contains(" policy=\"default\""), "{line}");
-            assert!(line.contains(" route=\"/\""), "{line}");
-            assert!(line.contains("connection refused"), "the error: {line}");
-            assert!(line.contains(" then=FailClosed"), "{line}");
-        }
-        assert!(tollgate_at(&events, "INFO").is_empty());
-        return;
+    let events = five_within_one_second(
+        || app_on("edge", Failing, OnStoreError::FailClosed),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    let warn = tollgate_at(&events, "WARN");
+    let debug = tollgate_at(&events, "DEBUG");
+    assert_eq!(warn.len(), 1, "{warn:#?}");
+    assert_eq!(debug.len(), 4, "{debug:#?}");
+    for line in warn.iter().chain(&debug) {
+        assert!(line.contains("rate-limit store failed"), "{line}");
+        assert!(line.contains(" limiter=edge"), "{line}");
+        assert!(line.contains(" policy=\"default\""), "{line}");
+        assert!(line.contains(" route=\"/\""), "{line}");
+        assert!(line.contains("connection refused"), "the error: {line}");
+        assert!(line.contains(" then=FailClosed"), "{line}");
     }
-    panic!("could not run 5 requests within one second");
+    assert!(tollgate_at(&events, "INFO").is_empty());
 }
 
 #[tokio::test]
 async fn fail_open_logs_each_store_failure_once() {
-    for _ in 0..3 {
-        at_start_of_a_second();
-        let app = app_on("edge", Failing, OnStoreError::FailOpen);
-        let (events, guard) = Events::capture();
-        let before = unix_secs();
-        for _ in 0..5 {
-            assert_eq!(send(&app, "/", None).await, StatusCode::OK);
-        }
-        let after = unix_secs();
-        drop(guard);
-        if before != after {
-            continue;
-        }
-        let warn = tollgate_at(&events, "WARN");
-        let debug = tollgate_at(&events, "DEBUG");
-        assert_eq!(warn.len(), 1, "{warn:#?}");
-        assert_eq!(debug.len(), 4, "one event per failure: {debug:#?}");
-        for line in warn.iter().chain(&debug) {
-            assert!(line.contains(" then=FailOpen"), "{line}");
-        }
-        return;
+    let events = five_within_one_second(
+        || app_on("edge", Failing, OnStoreError::FailOpen),
+        StatusCode::OK,
+    )
+    .await;
+    let warn = tollgate_at(&events, "WARN");
+    let debug = tollgate_at(&events, "DEBUG");
+    assert_eq!(warn.len(), 1, "{warn:#?}");
+    assert_eq!(debug.len(), 4, "one event per failure: {debug:#?}");
+    for line in warn.iter().chain(&debug) {
+        assert!(line.contains(" then=FailOpen"), "{line}");
     }
-    panic!("could not run 5 requests within one second");
 }
 
 #[tokio::test]
 async fn a_stores_fail_closed_refusals_warn_once_a_second_and_log_the_others_at_debug() {
-    for _ in 0..3 {
-        at_start_of_a_second();
-        let store = Degraded {
-            outcome: Outcome::Denied {
-                retry_after: Duration::from_secs(1),
+    let refused = Outcome::Denied {
+        retry_after: Duration::from_secs(1),
+    };
+    let app = || {
+        app_on(
+            "redis",
+            Degraded {
+                outcome: refused,
+                source: Source::FailClosed,
             },
-            source: Source::FailClosed,
-        };
-        let app = app_on("redis", store, OnStoreError::default());
-        let (events, guard) = Events::capture();
-        let before = unix_secs();
-        for _ in 0..5 {
-            assert_eq!(send(&app, "/", None).await, StatusCode::TOO_MANY_REQUESTS);
-        }
-        let after = unix_secs();
-        drop(guard);
-        if before != after {
-            continue;
-        }
-        let warn = tollgate_at(&events, "WARN");
-        let debug = tollgate_at(&events, "DEBUG");
-        assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
-        for line in warn.iter().chain(&debug) {
-            assert!(line.contains("decided without it"), "{line}");
-            assert!(line.contains(" source=FailClosed"), "{line}");
-        }
-        return;
+            OnStoreError::default(),
+        )
+    };
+    let events = five_within_one_second(app, StatusCode::TOO_MANY_REQUESTS).await;
+    let warn = tollgate_at(&events, "WARN");
+    let debug = tollgate_at(&events, "DEBUG");
+    assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
+    for line in warn.iter().chain(&debug) {
+        assert!(line.contains("decided without it"), "{line}");
+        assert!(line.contains(" source=FailClosed"), "{line}");
     }
-    panic!("could not run 5 requests within one second");
 }
 
 #[tokio::test]
 async fn a_stores_fallback_decisions_warn_once_a_second_and_log_the_others_at_debug() {
-    for _ in 0..3 {
-        at_start_of_a_second();
-        let store = Degraded {
-            outcome: Outcome::Allowed {
-                wait: Duration::ZERO,
+    let admitted = Outcome::Allowed {
+        wait: Duration::ZERO,
+    };
+    let app = || {
+        app_on(
+            "redis",
+            Degraded {
+                outcome: admitted,
+                source: Source::Fallback,
             },
-            source: Source::Fallback,
-        };
-        let app = app_on("redis", store, OnStoreError::default());
-        let (events, guard) = Events::capture();
-        let before = unix_secs();
-        for _ in 0..5 {
-            assert_eq!(send(&app, "/", None).await, StatusCode::OK);
-        }
-        let after = unix_secs();
-        drop(guard);
-        if before != after {
-            continue;
-        }
-        let warn = tollgate_at(&events, "WARN");
-        let debug = tollgate_at(&events, "DEBUG");
-        assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
-        for line in warn.iter().chain(&debug) {
-            assert!(line.contains("decided without it"), "{line}");
-            assert!(line.contains(" limiter=redis"), "{line}");
-            assert!(line.contains(" policy=\"default\""), "{line}");
-            assert!(line.contains(" source=Fallback"), "{line}");
-        }
-        return;
+            OnStoreError::default(),
+        )
+    };
+    let events = five_within_one_second(app, StatusCode::OK).await;
+    let warn = tollgate_at(&events, "WARN");
+    let debug = tollgate_at(&events, "DEBUG");
+    assert_eq!((warn.len(), debug.len()), (1, 4), "{:#?}", events.lines());
+    for line in warn.iter().chain(&debug) {
+        assert!(line.contains("decided without it"), "{line}");
+        assert!(line.contains(" limiter=redis"), "{line}");
+        assert!(line.contains(" policy=\"default\""), "{line}");
+        assert!(line.contains(" source=Fallback"), "{line}");
     }
-    panic!("could not run 5 requests within one second");
 }

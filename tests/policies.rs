@@ -668,8 +668,9 @@ fn a_policy_set_reads_from_configuration_with_serde() {
     let err =
         serde_json::from_str::<PolicySet>(r#"{ "free": "10/min", "pro": "x/min" }"#).unwrap_err();
     assert!(err.to_string().contains("\"x\""), "{err}");
+    // Limits for every policy, but no policy.
     let err = serde_json::from_str::<PolicySet>(r#"{ "*": "10/min" }"#).unwrap_err();
-    assert!(!err.to_string().is_empty());
+    assert!(err.to_string().contains("no policy in the set"), "{err}");
 }
 
 /// Before: a request begun before a swap, still under the old policy, converted the
@@ -702,4 +703,25 @@ fn a_request_begun_before_a_swap_does_not_convert_the_state_back() {
     assert_eq!(admit(&p_old, 1), 0);
     // The state is still the new set's: 100 of 300 left, not 200.
     assert_eq!(admit(&p_new, 250), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_in_shadow_does_not_delay() {
+    // Enforced, the second request waits one second for its slot; in shadow it does not
+    // wait (tokio's paused clock would move by the wait).
+    for (policy, waited) in [("queue 1/s 5", 1), ("queue 1/s 5 shadow", 0)] {
+        let layer = RateLimitLayer::builder()
+            .key(HeaderKey::new("x-api-key").unwrap())
+            .policy(policy)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        let start = tokio::time::Instant::now();
+        for _ in 0..2 {
+            assert_eq!(send(&app, keyed("k")).await.status, StatusCode::OK);
+        }
+        assert_eq!(start.elapsed().as_secs(), waited, "{policy}");
+    }
 }

@@ -452,28 +452,15 @@ impl Limit {
                 let fill = (s[0].max(now) - now).min(g.cap);
                 out[0] = if fill == 0 { 0 } else { now + fill };
             }
-            (Params::Fixed(w), Params::Fixed(o)) if w.w == o.w && w.shift == o.shift => {
-                let cap = |c: u64| {
-                    if w.limit == o.limit {
-                        c
-                    } else {
-                        c.min(w.limit)
-                    }
-                };
+            // The same grid (the limit differs: equal parameters were copied above).
+            (Params::Fixed(w), Params::Fixed(o)) | (Params::Sliding(w), Params::Sliding(o))
+                if w.w == o.w && w.shift == o.shift =>
+            {
+                let k = self.params.words();
                 out[0] = s[0];
-                out[1] = cap(s[1]);
-            }
-            (Params::Sliding(w), Params::Sliding(o)) if w.w == o.w && w.shift == o.shift => {
-                let cap = |c: u64| {
-                    if w.limit == o.limit {
-                        c
-                    } else {
-                        c.min(w.limit)
-                    }
-                };
-                out[0] = s[0];
-                out[1] = cap(s[1]);
-                out[2] = cap(s[2]);
+                for i in 1..k {
+                    out[i] = s[i].min(w.limit);
+                }
             }
             (Params::Gcra(g), _) => {
                 let units = old.outstanding(s, now);

@@ -11,10 +11,10 @@ use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
     layer::DefaultStore,
-    limiter::{Limiter, MissingKey, OnStoreError, Parts},
-    policy::{IntoPolicy, Policy, PolicyHandle, PolicyName, PolicySet, Select},
+    limiter::{Limiter, MissingKey, OnStoreError, Settings},
+    policy::{IntoPolicy, PolicyHandle, PolicyName, PolicySet, Select},
     quota::Quota,
-    store::{MemoryStore, Store},
+    store::Store,
 };
 
 /// The layer for any `tower::Service`. See the [module docs](super).
@@ -45,7 +45,6 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
         RateLimit {
             inner,
             limiter: Arc::clone(&self.limiter),
-            snapshot: self.limiter.snapshot(),
         }
     }
 }
@@ -57,15 +56,7 @@ impl RateLimitLayer {
         Builder {
             key: Global::new(),
             cost: UnitCost,
-            limits: Vec::new(),
-            named: Vec::new(),
-            set: None,
-            names: None,
-            error: None,
-            missing: MissingKey::default(),
-            on_error: OnStoreError::default(),
-            max_bytes: None,
-            label: "tollgate".into(),
+            core: Settings::default(),
         }
     }
 }
@@ -99,22 +90,14 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
 pub struct Builder<X, C> {
     key: X,
     cost: C,
-    limits: Vec<Limit>,
-    named: Vec<(String, Policy)>,
-    set: Option<PolicySet>,
-    names: Option<&'static [&'static str]>,
-    error: Option<ConfigError>,
-    missing: MissingKey,
-    on_error: OnStoreError,
-    max_bytes: Option<usize>,
-    label: Arc<str>,
+    core: Settings,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("generic::Builder")
             .field("key", &self.key)
-            .field("limits", &self.limits)
+            .field("settings", &self.core)
             .finish_non_exhaustive()
     }
 }
@@ -126,15 +109,7 @@ impl<X, C> Builder<X, C> {
         Builder {
             key,
             cost: self.cost,
-            limits: self.limits,
-            named: self.named,
-            set: self.set,
-            names: self.names,
-            error: self.error,
-            missing: self.missing,
-            on_error: self.on_error,
-            max_bytes: self.max_bytes,
-            label: self.label,
+            core: self.core,
         }
     }
 
@@ -143,25 +118,12 @@ impl<X, C> Builder<X, C> {
         Builder {
             key: self.key,
             cost,
-            limits: self.limits,
-            named: self.named,
-            set: self.set,
-            names: self.names,
-            error: self.error,
-            missing: self.missing,
-            on_error: self.on_error,
-            max_bytes: self.max_bytes,
-            label: self.label,
+            core: self.core,
         }
     }
 
     fn push(mut self, limit: Result<Limit, ConfigError>) -> Self {
-        match limit {
-            Ok(l) => self.limits.push(l),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
-        }
+        self.core.limit(limit);
         self
     }
 
@@ -174,12 +136,7 @@ impl<X, C> Builder<X, C> {
     /// Adds every limit of a policy, or of its text: `.policy("100/s burst 200")`. A bad
     /// text is reported by `build`.
     pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
-        match policy.into_policy() {
-            Ok(p) => self.limits.extend(p.limits().iter().cloned()),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
-        }
+        self.core.policy(policy);
         self
     }
 
@@ -201,18 +158,13 @@ impl<X, C> Builder<X, C> {
     /// Adds a named policy; [`Builder::select`] picks one per request, the first is the
     /// fallback. See [`crate::policy`].
     pub fn named_policy(mut self, name: impl Into<String>, policy: impl IntoPolicy) -> Self {
-        match policy.into_policy() {
-            Ok(p) => self.named.push((name.into(), p)),
-            Err(e) => {
-                self.error.get_or_insert(e);
-            }
-        }
+        self.core.named_policy(name.into(), policy);
         self
     }
 
     /// Uses a whole policy set instead of [`Builder::limit`] and [`Builder::named_policy`].
     pub fn policies(mut self, set: PolicySet) -> Self {
-        self.set = Some(set);
+        self.core.policies(set);
         self
     }
 
@@ -223,7 +175,7 @@ impl<X, C> Builder<X, C> {
         F: Fn(&Req, Option<&K>) -> N,
         N: PolicyName,
     {
-        self.names = N::all_names();
+        self.core.names = N::all_names();
         Builder {
             key: Select {
                 key: self.key,
@@ -231,65 +183,33 @@ impl<X, C> Builder<X, C> {
                 _name: std::marker::PhantomData,
             },
             cost: self.cost,
-            limits: self.limits,
-            named: self.named,
-            set: self.set,
-            names: self.names,
-            error: self.error,
-            missing: self.missing,
-            on_error: self.on_error,
-            max_bytes: self.max_bytes,
-            label: self.label,
+            core: self.core,
         }
     }
 
     /// What to do with requests that carry no key (default [`MissingKey::Shared`];
     /// `Reject`'s status is not used: the refusal is [`KeyMissing`](super::KeyMissing)).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.missing = missing;
+        self.core.missing = missing;
         self
     }
 
     /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.on_error = on_error;
+        self.core.on_error = on_error;
         self
     }
 
     /// The layer's name in metrics and events (default `tollgate`).
     pub fn label(mut self, label: &str) -> Self {
-        self.label = label.into();
+        self.core.label = label.into();
         self
     }
 
     /// Bounds the memory of the built-in store, in bytes (default 32 MiB).
     pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.max_bytes = Some(bytes);
+        self.core.max_bytes = Some(bytes);
         self
-    }
-
-    fn take_set(&mut self) -> Result<Option<PolicySet>, ConfigError> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let limits = std::mem::take(&mut self.limits);
-        let named = std::mem::take(&mut self.named);
-        if let Some(set) = self.set.take() {
-            if !limits.is_empty() || !named.is_empty() {
-                return Err(ConfigError::PolicySet(
-                    "policies(..) replaces limit(..) and named_policy(..): give one or the other"
-                        .into(),
-                ));
-            }
-            return Ok(Some(set));
-        }
-        if !named.is_empty() {
-            return PolicySet::named(named, limits).map(Some);
-        }
-        if limits.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(PolicySet::single(Policy::from_limits(limits)?)))
     }
 
     fn finish<K, St>(
@@ -300,17 +220,7 @@ impl<X, C> Builder<X, C> {
     where
         St: Store<Option<K>>,
     {
-        let limiter = Limiter::new::<K>(Parts {
-            key: self.key,
-            store,
-            cost: self.cost,
-            missing: self.missing,
-            on_error: self.on_error,
-            flavour: Plain,
-            set,
-            names: self.names,
-            label: self.label,
-        })?;
+        let limiter = Limiter::new::<K>(self.key, self.cost, store, Plain, set, self.core)?;
         Ok(RateLimitLayer {
             limiter: Arc::new(limiter),
         })
@@ -323,8 +233,7 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let store = MemoryStore::for_layer(set.fallback().clone(), &self.label, self.max_bytes)?;
+        let (set, store) = self.core.memory_store()?;
         self.finish::<X::Key, _>(store, set)
     }
 
@@ -335,15 +244,7 @@ impl<X, C> Builder<X, C> {
         X: KeyExtractor<Req>,
         St: Store<Option<X::Key>>,
     {
-        if self.max_bytes.is_some() {
-            return Err(ConfigError::Store(
-                "max_bytes sizes the built-in store; set the budget on your store instead".into(),
-            ));
-        }
-        let set = match self.take_set()? {
-            Some(set) => set,
-            None => PolicySet::single(store.default_policy().ok_or(ConfigError::NoLimits)?),
-        };
+        let set = self.core.set_for(&store)?;
         self.finish::<X::Key, _>(store, set)
     }
 }

@@ -18,7 +18,7 @@ use crate::{
     error::{KeyMissing, RateLimited, StoreError},
     future::{take_ready, Finished, Machine},
     key::KeyExtractor,
-    limiter::{Begin, Flavour, Limiter, Prepare, Snapshot, Verdict},
+    limiter::{Begin, Flavour, Limiter, Prepare, Verdict},
     policy::Policy,
     store::Store,
     BoxError,
@@ -61,7 +61,6 @@ impl<Req> Flavour<Req> for Plain {
 pub struct RateLimit<S, X, St, C> {
     pub(crate) inner: S,
     pub(crate) limiter: Arc<Limiter<X, St, C, Plain>>,
-    pub(crate) snapshot: Snapshot<<Plain as Prepare>::Prepared>,
 }
 
 impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
@@ -69,7 +68,6 @@ impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
         RateLimit {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
-            snapshot: self.snapshot.clone(),
         }
     }
 }
@@ -138,7 +136,7 @@ where
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let machine = match self.limiter.begin(&mut self.snapshot, &mut req) {
+        let machine = match self.limiter.begin(&mut req) {
             Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
             Begin::Later(check, then) => {
                 Machine::checking(check, then, take_ready(&mut self.inner), req)

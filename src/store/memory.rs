@@ -173,11 +173,11 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// `state` (written under `tag`) as this policy's state at `now`.
-    fn carry(&self, tag: u32, state: &[u64], now: u64) -> [u64; MAX_WORDS] {
-        self.tags.with(tag, |old| match old {
-            Some(old) => self.policy.carry_from(old, state, now),
-            None => [0; MAX_WORDS],
-        })
+    fn own(&self, tag: u32, state: &[u64; MAX_WORDS], now: u64) -> [u64; MAX_WORDS] {
+        if tag == self.tag {
+            return *state;
+        }
+        self.tags.carry(tag, state, self.policy, now)
     }
 }
 
@@ -326,20 +326,14 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
             // A look changes nothing: the state as this policy would see it.
             let inner = self.read(hash);
             let now = now();
-            let state = Self::current(cx, &inner, key, hash, now).map_or([0; MAX_WORDS], |s| s.0);
+            let state =
+                Self::found(&inner, key, hash).map_or([0; MAX_WORDS], |(t, s)| cx.own(t, &s, now));
             return policy.eval(&state, now, cost).0;
         }
         let mut inner = self.write(hash);
         let now = now();
-        if op == Op::Check {
-            if let Some(d) = Self::begun_before_swap(cx, &inner, key, hash, cost, now) {
-                return d;
-            }
-        }
-        // The key's state as this policy's, taken out of its table (or fresh).
-        let found = Self::current(cx, &inner, key, hash, now);
+        let found = Self::found(&inner, key, hash);
         let known = found.is_some();
-        let mut state = found.map_or([0; MAX_WORDS], |s| s.0);
         if let Ok(e) = inner.one.find_entry(hash, |e| e.0 == *key) {
             e.remove();
             self.removed(&mut inner, 0);
@@ -348,103 +342,63 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
             let (_, words) = cell.into_inner().unwrap_or_else(PoisonError::into_inner);
             self.removed(&mut inner, map::allocation_bytes(words.len() * 8));
         }
-        let decision = match op {
-            Op::Check => policy.decide(&mut state, now, cost),
-            Op::Peek => policy.eval(&state, now, cost).0,
-            Op::Refund => {
-                policy.refund(&mut state, now, cost);
-                policy.report(&state, now)
+        // The state stays under the policy that wrote it when that one belongs to a set
+        // installed after this request's (it began before a swap): decided on the state as
+        // its policy sees it, it is charged to the state as it is. Converting the state
+        // back would cap it at the old limit, and the next request, converting it forward
+        // again, would find units given back.
+        let newer = found
+            .filter(|&(tag, _)| op == Op::Check && tag != cx.tag && cx.tags.newer(tag, cx.tag))
+            .and_then(|(tag, s)| Some((tag, cx.tags.policy(tag)?, s)));
+        let (tag, owner, state, decision) = if let Some((t, p, mut s)) = newer {
+            let d = policy.decide(&mut cx.own(t, &s, now), now, cost);
+            if d.is_allowed() {
+                p.force(&mut s, now, cost);
             }
+            (t, p, s, d)
+        } else {
+            let mut s = found.map_or([0; MAX_WORDS], |(t, s)| cx.own(t, &s, now));
+            let d = match op {
+                Op::Check => policy.decide(&mut s, now, cost),
+                Op::Peek => policy.eval(&s, now, cost).0,
+                Op::Refund => {
+                    policy.refund(&mut s, now, cost);
+                    policy.report(&s, now)
+                }
+            };
+            (cx.tag, policy.clone(), s, d)
         };
         // A state back to fresh is not stored; nor is an unknown key merely looked at.
-        if policy.is_fresh(&state, now) || (!known && op != Op::Check) {
+        if owner.is_fresh(&state, now) || (!known && op != Op::Check) {
             return decision;
         }
         let residuals = Both(residual_one::<S>(now), residual_many::<S>(cx.tags, now));
-        if policy.single_gcra().is_some() {
-            let entry = (key.clone(), cx.tag, AtomicU64::new(state[0]));
+        if owner.single_gcra().is_some() {
+            let entry = (key.clone(), tag, AtomicU64::new(state[0]));
             self.insert_one(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
         } else {
-            let words: Box<[u64]> = state[..policy.state_words()].into();
-            let entry = (key.clone(), Mutex::new((cx.tag, words)));
+            let words: Box<[u64]> = state[..owner.state_words()].into();
+            let entry = (key.clone(), Mutex::new((tag, words)));
             self.insert_many(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
         }
         decision
     }
 
-    /// The key's state from either table, as this policy's state at `now`.
-    fn current(
-        cx: &Ctx<'_>,
+    /// The key's state from either table, with the tag of the policy that wrote it.
+    fn found(
         inner: &ShardInner<One<S>, Many<S>>,
         key: &S,
         hash: u64,
-        now: u64,
-    ) -> Option<([u64; MAX_WORDS],)> {
+    ) -> Option<(u32, [u64; MAX_WORDS])> {
+        let mut s = [0; MAX_WORDS];
         if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
-            let tat = e.2.load(Ordering::Acquire);
-            let mut s = [0; MAX_WORDS];
-            s[0] = tat;
-            return Some((if e.1 == cx.tag {
-                s
-            } else {
-                cx.carry(e.1, &s, now)
-            },));
+            s[0] = e.2.load(Ordering::Acquire);
+            return Some((e.1, s));
         }
         let e = inner.many.find(hash, |e| e.0 == *key)?;
         let cell = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-        let (tag, words) = (&cell.0, &cell.1);
-        let mut s = [0; MAX_WORDS];
-        s[..words.len()].copy_from_slice(words);
-        Some((if *tag == cx.tag {
-            s
-        } else {
-            cx.carry(*tag, &s, now)
-        },))
-    }
-
-    /// A request decided under a set older than the one the key's state was written
-    /// under (it began before a swap): decided on the state as its policy sees it, and,
-    /// admitted, charged to the state as it is. Converting the state back would cap it
-    /// at the old limit, and the next request, converting it forward again, would find
-    /// units given back.
-    fn begun_before_swap(
-        cx: &Ctx<'_>,
-        inner: &ShardInner<One<S>, Many<S>>,
-        key: &S,
-        hash: u64,
-        cost: u64,
-        now: u64,
-    ) -> Option<Decision> {
-        let charge = |tag: u32, state: &mut [u64]| {
-            let mut view = cx.carry(tag, state, now);
-            let d = cx.policy.decide(&mut view, now, cost);
-            if d.is_allowed() && cost > 0 {
-                cx.tags.with(tag, |p| p.map(|p| p.force(state, now, cost)));
-            }
-            d
-        };
-        if let Some(e) = inner.one.find(hash, |e| e.0 == *key) {
-            if e.1 == cx.tag || !cx.tags.newer(e.1, cx.tag) {
-                return None;
-            }
-            let mut s = [0; MAX_WORDS];
-            s[0] = e.2.load(Ordering::Acquire);
-            let d = charge(e.1, &mut s);
-            e.2.store(s[0], Ordering::Release);
-            return Some(d);
-        }
-        let e = inner.many.find(hash, |e| e.0 == *key)?;
-        let mut cell = e.1.lock().unwrap_or_else(PoisonError::into_inner);
-        let tag = cell.0;
-        if tag == cx.tag || !cx.tags.newer(tag, cx.tag) {
-            return None;
-        }
-        let mut s = [0; MAX_WORDS];
         s[..cell.1.len()].copy_from_slice(&cell.1);
-        let d = charge(tag, &mut s);
-        let n = cell.1.len();
-        cell.1.copy_from_slice(&s[..n]);
-        Some(d)
+        Some((cell.0, s))
     }
 
     fn stats(&self) -> MemoryStats {

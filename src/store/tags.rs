@@ -9,7 +9,7 @@ use std::{
     },
 };
 
-use crate::Policy;
+use crate::{algorithm::MAX_WORDS, Policy};
 
 static STORE_IDS: AtomicU32 = AtomicU32::new(1);
 
@@ -88,10 +88,23 @@ impl Tags {
     }
 
     /// The policy a state tagged `tag` was written under.
-    #[cfg(feature = "redis")]
     pub(crate) fn policy(&self, tag: u32) -> Option<Policy> {
         let r = self.registry.read().unwrap_or_else(PoisonError::into_inner);
         r.policies.get(tag as usize).cloned()
+    }
+
+    /// `state`, written under the policy tagged `tag`, as `policy`'s state at `now` (see
+    /// [`Policy::carry_from`]); fresh when the tag is unknown.
+    pub(crate) fn carry(
+        &self,
+        tag: u32,
+        state: &[u64],
+        policy: &Policy,
+        now: u64,
+    ) -> [u64; MAX_WORDS] {
+        self.with(tag, |old| {
+            old.map_or([0; MAX_WORDS], |old| policy.carry_from(old, state, now))
+        })
     }
 
     /// Runs `f` on the policy tagged `tag` without cloning it.

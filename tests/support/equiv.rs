@@ -84,6 +84,9 @@ pub async fn compare(
             RedisStore::builder(p.clone())
                 .clock(clock.clone())
                 .negative_cache(0)
+                // Semantics, not latency: a stalled machine must not turn a decision into
+                // the fallback's.
+                .deadline(Duration::from_secs(5))
                 .build(conn.clone())
                 .unwrap()
         })

@@ -352,9 +352,7 @@ impl Shared {
         if e.tag != tag {
             // Decided under another policy than its state's: carry the state over; the
             // units not yet pushed stay units.
-            e.state = self.tags.with(e.tag, |old| {
-                old.map_or([0; MAX_WORDS], |old| policy.carry_from(old, &e.state, now))
-            });
+            e.state = self.tags.carry(e.tag, &e.state, policy, now);
             e.tag = tag;
         }
         e.touched = true;
