@@ -90,6 +90,28 @@ impl RedisConnection {
     }
 }
 
+impl RedisConnection {
+    /// Runs `script` (`EVALSHA`, loaded again after `NOSCRIPT`) on `keys` with `args`, for
+    /// the crate's other Redis-backed parts (the in-flight leases), replying with integers.
+    #[allow(dead_code)] // the in-flight leases use it
+    pub(crate) async fn eval_script(
+        &self,
+        script: &'static redis::Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for k in keys {
+            cmd.arg(*k);
+        }
+        for a in args {
+            cmd.arg(*a);
+        }
+        self.invoke(&script::Invocation { script, cmd }).await
+    }
+}
+
 async fn run<C: redis::aio::ConnectionLike>(
     inv: &script::Invocation,
     conn: &mut C,
