@@ -19,8 +19,17 @@
 //! - `GET /shadow`:  5 per second per client IP in shadow: never refused, but a request
 //!   the limit would have refused carries a `tollgate-shadow` header, and the handler says
 //!   so (it reads the `Decision` from the request's extensions)
+//! - `POST /login`:  a JSON body `{"user": "...", "password": "..."}`; the password
+//!   `correct horse` answers 200, any other 401. Failures are limited to 5 per 15 minutes
+//!   per user (the key is read from the body); successes are not counted
+//! - `POST /admin/unban/{user}`: forgets a user's failed logins (an admin route: put it
+//!   behind your own authentication)
+//! - `GET /health`:  never limited, no rate-limit fields
+//! - every route: requests from `127.0.0.66` are denied (`403`), and each client IP gets
+//!   at most 100 per second, burst 200, across the whole site (the `edge` layer)
 //! - `GET /metrics`: every layer's decisions (labelled `token`, `strict`, `queue`, `api`,
-//!   `plan`, `shadow`) in the Prometheus text format (feature `metrics`, a default)
+//!   `plan`, `shadow`, `login`, `edge`) in the Prometheus text format (feature `metrics`,
+//!   a default)
 //!
 //! ```sh
 //! curl -i -H 'x-api-key: free_demo' http://127.0.0.1:3000/plan   # "daily" and "free" limits
@@ -28,19 +37,23 @@
 //! curl -i http://127.0.0.1:3000/plan                             # 401
 //! for i in $(seq 8); do curl -s -w '%{http_code} %header{tollgate-shadow}\n' -o /dev/null http://127.0.0.1:3000/shadow; done
 //! curl -s http://127.0.0.1:3000/metrics | grep tollgate_rate_limit_requests
+//! for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} ' -d '{"user":"eve","password":"guess"}' http://127.0.0.1:3000/login; done
+//! curl -X POST http://127.0.0.1:3000/admin/unban/eve
+//! curl -i --interface 127.0.0.66 http://127.0.0.1:3000/token   # 403 (Linux: all of 127/8 is local)
 //! ```
 
 use std::{hash::Hash, net::SocketAddr, sync::Arc};
 
 use axum::{
+    extract::Path,
     http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode},
     middleware,
     response::Response,
-    routing::get,
-    Extension, Router,
+    routing::{get, post},
+    Extension, Json, Router,
 };
 use tollgate::{
-    key::{HeaderBytes, HeaderKey, PeerIp, RequestHead},
+    key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead},
     limiter::MissingKey,
     policy::IntoPolicy,
     store::KeyBytes,
@@ -119,6 +132,15 @@ async fn shadow(Extension(d): Extension<Decision>) -> &'static str {
     }
 }
 
+/// `POST /login` with `{"user": "...", "password": "..."}`.
+async fn login(Json(form): Json<serde_json::Value>) -> (StatusCode, &'static str) {
+    if form["password"] == "correct horse" {
+        (StatusCode::OK, "login: welcome\n")
+    } else {
+        (StatusCode::UNAUTHORIZED, "login: wrong password\n")
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Metric handles are registered when a layer (or a store) is built: install the
@@ -168,6 +190,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .label("shadow")
         .build_with(stores.store("shadow", "5/s shadow")?)?;
 
+    // Failed logins: 5 per 15 minutes per user, the user read from the JSON body; a
+    // request is charged when admitted and refunded unless its answer is a 401, so
+    // concurrent guesses cannot overrun the limit.
+    let failed_logins = RateLimitLayer::builder()
+        .key(JsonField::key())
+        .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
+        .label("login")
+        .build_with(stores.store("login", "5/15min")?)?;
+    let unban = {
+        let failed_logins = failed_logins.clone();
+        move |Path(user): Path<String>| async move {
+            match failed_logins.reset(JsonField::from(user.as_str())).await {
+                Ok(()) => (StatusCode::OK, format!("{user}: failed logins forgotten\n")),
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+            }
+        }
+    };
+
+    // Every route: a deny list and a site-wide cap per client IP; health checks exempt.
+    let edge = RateLimitLayer::builder()
+        .key(PeerIp::new())
+        .deny_ips(["127.0.0.66"])
+        .skip(|head| head.uri().path() == "/health")
+        .label("edge")
+        .build_with(stores.store("edge", "100/s burst 200")?)?;
+
     let app = Router::new()
         .route(
             "/token",
@@ -185,7 +233,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .layer(plan)
                 .layer(middleware::map_response(challenge)), // added last: wraps the limiter
         )
-        .route("/shadow", get(shadow).layer(shadow_limit));
+        .route("/shadow", get(shadow).layer(shadow_limit))
+        .route(
+            "/login",
+            post(login).layer(
+                tower::ServiceBuilder::new()
+                    .layer(JsonFieldLayer::new("user")) // reads the body first
+                    .layer(failed_logins),
+            ),
+        )
+        .route("/admin/unban/{user}", post(unban))
+        .route("/health", get(|| async { "healthy\n" }));
     #[cfg(feature = "metrics")]
     let app = app.route(
         "/metrics",
@@ -200,6 +258,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }),
     );
+
+    let app = app.layer(edge);
 
     let port: u16 = std::env::var("PORT")
         .ok()
@@ -228,6 +288,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if cfg!(feature = "metrics") {
         println!("  curl http://{addr}/metrics   # tollgate_rate_limit_requests by layer, policy and result");
     }
+    println!("  # failed logins: 401 x5, then 429 (successes are not counted):");
+    println!("  for i in $(seq 7); do curl -s -o /dev/null -w '%{{http_code}} ' -d '{{\"user\":\"eve\",\"password\":\"guess\"}}' -H 'content-type: application/json' http://{addr}/login; done; echo");
+    println!("  curl -X POST http://{addr}/admin/unban/eve");
+    println!("  curl -i http://{addr}/health   # never limited, no rate-limit fields");
+    println!("Requests from 127.0.0.66 are denied with 403 on every route (a deny list): curl -i --interface 127.0.0.66 http://{addr}/token");
     println!();
     println!("Every response carries RateLimit-Policy and RateLimit; refusals add Retry-After and a problem+json body.");
     axum::serve(

@@ -29,6 +29,10 @@ pub enum ConfigError {
     BurstNotApplicable(&'static str),
     /// A window offset was set on an algorithm without windows.
     OffsetNotApplicable(&'static str),
+    /// A longest wait was set on an algorithm that does not queue.
+    MaxWaitNotApplicable(&'static str),
+    /// A list of allowed or denied keys does not hold the layer's key type.
+    KeyList(String),
     /// The leaky queue's `nodelay` share is larger than the queue.
     DelayExceedsQueue {
         /// The requested no-delay share.
@@ -85,6 +89,10 @@ impl fmt::Display for ConfigError {
             Self::BurstNotApplicable(alg) => write!(f, "the {alg} algorithm takes no burst"),
             Self::OffsetNotApplicable(alg) => {
                 write!(f, "the {alg} algorithm has no windows to offset")
+            }
+            Self::KeyList(what) => write!(f, "{what}: give the keys the extractor returns"),
+            Self::MaxWaitNotApplicable(alg) => {
+                write!(f, "the {alg} algorithm does not queue: max-wait applies to a queue")
             }
             Self::DelayExceedsQueue { nodelay, queue } => {
                 write!(f, "nodelay ({nodelay}) is larger than the queue ({queue})")
@@ -209,6 +217,19 @@ impl fmt::Display for KeyMissing {
 }
 
 impl Error for KeyMissing {}
+
+/// The generic middleware refused a request whose key is on its deny list
+/// ([`generic::Builder::deny_keys`](crate::generic::Builder::deny_keys)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Denied;
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request's key is denied")
+    }
+}
+
+impl Error for Denied {}
 
 #[cfg(test)]
 mod tests {

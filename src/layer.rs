@@ -8,18 +8,19 @@ use http::{HeaderMap, HeaderName, Request, Response};
 use tower_layer::Layer;
 
 use crate::{
+    access::{self, Access},
     algorithm::Limit,
     clock::TokioClock,
     cost::UnitCost,
     decision::Decision,
     error::ConfigError,
-    key::{Global, KeyExtractor, RequestHead},
-    limiter::{Limiter, MissingKey, OnStoreError, Settings},
+    key::{ClientIp, Global, KeyExtractor, RequestHead},
+    limiter::{KeyList, Limiter, MissingKey, OnStoreError, Settings},
     policy::{IntoPolicy, PolicyHandle, PolicyName, PolicySet, SelectHead},
     quota::Quota,
-    response::{Answers, Rejection},
+    response::{Answers, DebugRule, Rejection, ResponseHead, SettleRule},
     service::{Http, RateLimit},
-    store::{MemoryStore, Store},
+    store::{MemoryStore, Store, StoreFuture},
 };
 
 /// The store a layer builds for itself: in memory, keyed by the extracted key (`None` for
@@ -96,6 +97,30 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
         self.limiter.policies()
     }
 
+    /// Forgets `key`'s state in the layer's store, under every policy: its next request
+    /// finds it fresh (a customer unbanned). On the Redis store, every instance sees it.
+    ///
+    /// ```
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
+    ///
+    /// # tokio_test(async {
+    /// let layer = RateLimitLayer::new(HeaderKey::new("x-api-key")?, "1/hour".parse::<tollgate::Policy>()?);
+    /// // ... an admin route holding a clone of `layer`:
+    /// layer.reset("customer-42").await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # });
+    /// # fn tokio_test<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub fn reset<K>(&self, key: impl Into<K>) -> StoreFuture<()>
+    where
+        X: KeyExtractor<Request<()>, Key = K>,
+        St: Store<Option<K>>,
+    {
+        self.limiter.store.reset(&Some(key.into()))
+    }
+
     /// A handle that swaps this layer's policies while requests flow. See
     /// [`PolicyHandle`].
     pub fn policy_handle(&self) -> PolicyHandle
@@ -113,7 +138,7 @@ where
     X: KeyExtractor<Request<()>>,
     X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    /// A layer limiting each key of `key` to `policy` (a [`Limit`], a [`Policy`], or a
+    /// A layer limiting each key of `key` to `policy` (a [`Limit`], a [`Policy`](crate::Policy), or a
     /// whole [`PolicySet`]), in memory, with the defaults of [`RateLimitLayer::builder`].
     /// Both are already validated, so this cannot fail.
     ///
@@ -167,6 +192,8 @@ struct Config {
     expose: bool,
     shadow_header: Option<HeaderName>,
     hook: Option<Hook>,
+    access: Access,
+    settle: Option<DebugRule>,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
@@ -189,6 +216,8 @@ impl<X> Builder<X, UnitCost> {
                 expose: false,
                 shadow_header: None,
                 hook: None,
+                access: Access::default(),
+                settle: None,
             },
         }
     }
@@ -393,6 +422,184 @@ impl<X, C> Builder<X, C> {
         self
     }
 
+    /// Never limits the requests `skip` returns `true` for (health checks, internal
+    /// routes): no state, no rate-limit fields. Exempt is not keyless:
+    /// [`Builder::on_missing_key`] stays about requests without a key.
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(PeerIp::new())
+    ///     .policy("10/s")
+    ///     .skip(|head| head.uri().path() == "/health")
+    ///     .allow_ips(["10.0.0.0/8"])      // internal callers: never limited
+    ///     .deny_ips(["203.0.113.66"])     // answered 403
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn skip<F>(mut self, skip: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.cfg.access.skip = Some(Arc::new(skip));
+        self
+    }
+
+    /// Never limits clients whose address is in one of these blocks (`10.0.0.0/8`,
+    /// `2001:db8::/32`, or one address). The address is the connection's peer, or what
+    /// [`Builder::client_ip`] finds behind your proxies. A bad block is reported by
+    /// `build`.
+    pub fn allow_ips<I, S>(mut self, cidrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        match access::blocks(cidrs) {
+            Ok(b) => self.cfg.access.allow(b),
+            Err(e) => self.cfg.core.fail(e),
+        }
+        self
+    }
+
+    /// Refuses clients whose address is in one of these blocks with `403 Forbidden` and a
+    /// problem body, on every request, skipped ones included (an address on both lists is
+    /// denied).
+    pub fn deny_ips<I, S>(mut self, cidrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        match access::blocks(cidrs) {
+            Ok(b) => self.cfg.access.deny(b),
+            Err(e) => self.cfg.core.fail(e),
+        }
+        self
+    }
+
+    /// Where [`Builder::allow_ips`] and [`Builder::deny_ips`] read the client's address:
+    /// behind reverse proxies, the address they forward (trusted only from them). The
+    /// default is the connection's peer address.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.cfg.access.client_ip = Some(client_ip);
+        self
+    }
+
+    /// Never limits these keys (an internal caller's API key): no state, no rate-limit
+    /// fields. Call it after [`Builder::key`]; the keys are of the type it extracts.
+    ///
+    /// ```
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(HeaderKey::new("x-api-key")?)
+    ///     .policy("100/min")
+    ///     .allow_keys(["internal-batch"])
+    ///     .deny_keys(["leaked-key-1"]) // 403
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn allow_keys<K, I>(mut self, keys: I) -> Self
+    where
+        X: KeyExtractor<Request<()>, Key = K>,
+        K: std::hash::Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator,
+        I::Item: Into<K>,
+    {
+        self.cfg.core.allow_keys = Some(KeyList::new(keys.into_iter().map(Into::into)));
+        self
+    }
+
+    /// Refuses these keys (a leaked or abusive API key) with `403 Forbidden` and a problem
+    /// body. See [`Builder::allow_keys`].
+    pub fn deny_keys<K, I>(mut self, keys: I) -> Self
+    where
+        X: KeyExtractor<Request<()>, Key = K>,
+        K: std::hash::Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator,
+        I::Item: Into<K>,
+    {
+        self.cfg.core.deny_keys = Some(KeyList::new(keys.into_iter().map(Into::into)));
+        self
+    }
+
+    /// Counts only the responses `count` returns `true` for: failed logins, say. Each
+    /// request is charged when admitted (so that concurrent requests cannot overrun the
+    /// limit) and refunded when its response is not to be counted. A request whose
+    /// response never comes (an error, a dropped future) stays charged. Replaces
+    /// [`Builder::settle_cost`].
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
+    ///
+    /// // 5 failed logins per 15 minutes per user; successes are not counted.
+    /// let failed_logins = RateLimitLayer::builder()
+    ///     .key(HeaderKey::new("x-user")?)
+    ///     .policy("5/15min")
+    ///     .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn count_when<F>(mut self, count: F) -> Self
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        let rule: SettleRule = Arc::new(move |res, reserved| if count(res) { reserved } else { 0 });
+        self.cfg.settle = Some(DebugRule(rule));
+        self
+    }
+
+    /// Bans a key for `ban` once a counted response (see [`Builder::count_when`]) takes
+    /// its last unit (fail2ban): after the 5th failed login of `5/15min`, say, the user is
+    /// refused for the whole ban instead of until one failure is forgotten. Every limit of
+    /// the layer's policies must be a token bucket, meter or queue (a window cannot hold a
+    /// refusal past its end); `build` says so otherwise.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{key::JsonField, RateLimitLayer};
+    ///
+    /// let logins = RateLimitLayer::builder()
+    ///     .key(JsonField::key())
+    ///     .policy("5/15min")
+    ///     .count_when(|res| res.status() == 401)
+    ///     .ban(Duration::from_secs(3600)) // the 5th failure bans for an hour
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn ban(mut self, ban: std::time::Duration) -> Self {
+        self.cfg.core.ban = Some(ban);
+        self
+    }
+
+    /// Settles each request's cost from its response: the request is charged its
+    /// estimated cost (the [`Builder::cost`]) when admitted, then `cost` reads the real one
+    /// (bytes sent, rows, tokens used, from a header or an extension); the difference is
+    /// charged (the key may go over its limit, and then waits it out) or refunded. `None`
+    /// keeps the estimate. Replaces [`Builder::count_when`].
+    ///
+    /// ```
+    /// use tollgate::{cost::cost_fn, key::HeaderKey, RateLimitLayer};
+    ///
+    /// // 100 000 tokens per minute per API key: reserve 500, settle what was used.
+    /// let tokens = RateLimitLayer::builder()
+    ///     .key(HeaderKey::new("x-api-key")?)
+    ///     .policy("100000/min")
+    ///     .cost(cost_fn(|_: &http::Request<_>| 500))
+    ///     .settle_cost(|res| res.header_u64("x-tokens-used"))
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn settle_cost<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync + 'static,
+    {
+        let rule: SettleRule = Arc::new(move |res, reserved| cost(res).unwrap_or(reserved));
+        self.cfg.settle = Some(DebugRule(rule));
+        self
+    }
+
     /// The layer's name in metrics and events (default `tollgate`).
     pub fn label(mut self, label: &str) -> Self {
         self.cfg.core.label = label.into();
@@ -408,7 +615,7 @@ impl<X, C> Builder<X, C> {
         self
     }
 
-    fn finish<K, St>(
+    fn finish<K: 'static, St>(
         self,
         store: St,
         set: PolicySet,
@@ -416,11 +623,19 @@ impl<X, C> Builder<X, C> {
     where
         St: Store<Option<K>>,
     {
+        if self.cfg.core.ban.is_some() && self.cfg.settle.is_none() {
+            return Err(ConfigError::PolicySet(
+                "ban(..) bans after counted responses: give count_when(..) or settle_cost(..)"
+                    .into(),
+            ));
+        }
         let flavour = Http {
             answers: self.cfg.answers,
             expose: self.cfg.expose,
             shadow_header: self.cfg.shadow_header,
             hook: self.cfg.hook,
+            access: self.cfg.access,
+            settle: self.cfg.settle,
         };
         let limiter = Limiter::new::<K>(self.key, self.cost, store, flavour, set, self.cfg.core)?;
         Ok(RateLimitLayer {
@@ -458,6 +673,7 @@ impl<X, C> Builder<X, C> {
     where
         St: Store<Option<<X as KeyExtractor<Request<()>>>::Key>>,
         X: KeyExtractor<Request<()>>,
+        X::Key: 'static,
     {
         self.build_with_for::<Request<()>, St>(store)
     }
@@ -470,6 +686,7 @@ impl<X, C> Builder<X, C> {
     where
         X: KeyExtractor<Req>,
         St: Store<Option<X::Key>>,
+        X::Key: 'static,
     {
         let set = self.cfg.core.set_for(&store)?;
         self.finish::<X::Key, _>(store, set)

@@ -97,6 +97,7 @@
 //! | metric | kind, unit | attributes |
 //! |---|---|---|
 //! | `tollgate.rate_limit.requests` | counter | `tollgate.limiter`, `tollgate.policy`, `tollgate.result` (`admitted`, `delayed`, `refused`, `shadow_refused`) |
+//! | `tollgate.rate_limit.screened` | counter | `tollgate.limiter`, `tollgate.result` (`exempt`: skipped or on an allow list; `denied`: on a deny list) |
 //! | `tollgate.rate_limit.request.time_in_queue` | histogram, seconds | `tollgate.limiter`, `tollgate.policy` |
 //! | `tollgate.rate_limit.degraded_decisions` | counter | `tollgate.limiter`, `tollgate.source` (`negative_cache`, `fallback`, `fail_open`, `fail_closed`) |
 //! | `tollgate.store.operation.duration` | histogram, seconds | `tollgate.store`, `tollgate.outcome` (`ok`, `error`) |
@@ -150,6 +151,7 @@
 //! # Features
 //!
 //! - `axum` (default): `ConnectInfo` peer addresses and `MatchedPath` route keys.
+//! - `json` (default): `key::JsonFieldLayer`, a key from a JSON request body's field.
 //! - `jwt`: `key::BearerClaim`, a key from a verified bearer token's claim.
 //! - `redis`: limits shared across instances through Redis.
 //! - `metrics` (default): metrics through the `metrics` facade (see Watching).
@@ -158,6 +160,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod algorithm;
 pub mod clock;
 pub mod cost;

@@ -5,6 +5,7 @@
 //! public items are the options both layers share: [`MissingKey`] and [`OnStoreError`].
 
 use std::{
+    any::{Any, TypeId},
     fmt,
     hash::{Hash, Hasher},
     sync::{
@@ -87,11 +88,106 @@ pub(crate) trait Flavour<Req>: Prepare {
     type Extra;
 
     fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
-    fn admit(&self, req: &mut Req, v: &Verdict<'_, Self::Prepared>) -> Self::Extra;
+    /// What an admitted request carries to its response, with the settlement of its
+    /// cost when the layer settles costs from responses.
+    fn admit(
+        &self,
+        req: &mut Req,
+        v: &Verdict<'_, Self::Prepared>,
+        settle: Option<Settlement>,
+    ) -> Self::Extra;
     fn failed(&self, req: &Req, error: StoreError) -> Self::Refusal;
     fn keyless(&self, req: &Req, status: StatusCode) -> Self::Refusal;
+    /// The answer to a request on a deny list.
+    fn denied(&self, req: &Req) -> Self::Refusal;
+    /// What the layer's own rules say of a request before its key is read (skipped, or
+    /// its address on a list).
+    fn screen(&self, req: &Req) -> Screen;
+    /// Whether admitted requests settle their cost from their response.
+    fn settles(&self) -> bool;
     /// The route, for events.
     fn route<'r>(&self, req: &'r Req) -> Option<&'r str>;
+}
+
+/// What a layer's exemption and deny rules say of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// Limited as usual.
+    Limit,
+    /// Never limited: no state, no rate-limit fields.
+    Exempt,
+    /// Refused (`403` on HTTP).
+    Deny,
+}
+
+/// The cost of an admitted request still to be settled from its response: call it with
+/// the real cost; dropped, the reserved cost stays charged.
+pub(crate) struct Settlement {
+    /// The units charged when the request was admitted.
+    pub(crate) reserved: u64,
+    settle: Box<dyn FnOnce(u64) + Send>,
+}
+
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement")
+            .field("reserved", &self.reserved)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settlement {
+    /// Charges or refunds the difference between `actual` and the reserved cost (and
+    /// bans the key when the layer bans and this counted request exhausted its limit).
+    pub(crate) fn settle(self, actual: u64) {
+        (self.settle)(actual);
+    }
+}
+
+/// Whether a key (of the list's type) is on the list.
+type Contains = dyn Fn(&dyn Any) -> bool + Send + Sync;
+
+/// A list of keys (allowed or denied) for a key type fixed when it was given, matched
+/// without the limiter knowing that type.
+#[derive(Clone)]
+pub(crate) struct KeyList {
+    key_type: TypeId,
+    key_type_name: &'static str,
+    contains: Arc<Contains>,
+}
+
+impl KeyList {
+    pub(crate) fn new<K, I>(keys: I) -> Self
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator<Item = K>,
+    {
+        let set: std::collections::HashSet<K> = keys.into_iter().collect();
+        KeyList {
+            key_type: TypeId::of::<K>(),
+            key_type_name: std::any::type_name::<K>(),
+            contains: Arc::new(move |k| k.downcast_ref::<K>().is_some_and(|k| set.contains(k))),
+        }
+    }
+
+    fn check<K: 'static>(&self) -> Result<(), ConfigError> {
+        if self.key_type == TypeId::of::<K>() {
+            return Ok(());
+        }
+        Err(ConfigError::KeyList(format!(
+            "a key list of {} for keys of type {}",
+            self.key_type_name,
+            std::any::type_name::<K>()
+        )))
+    }
+}
+
+impl fmt::Debug for KeyList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyList")
+            .field("key_type", &self.key_type_name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A policy set as installed: each policy with what the flavour prepared for it and its
@@ -124,6 +220,10 @@ pub(crate) struct Limiter<X, St, C, F: Prepare> {
     /// Whether the extractor's misconfiguration was logged already (once per layer).
     warned: AtomicBool,
     pub(crate) observe: Observe,
+    /// Keys never limited, and keys refused.
+    allow_keys: Option<KeyList>,
+    deny_keys: Option<KeyList>,
+    ban: Option<Duration>,
 }
 
 /// How a request starts.
@@ -151,6 +251,10 @@ pub(crate) struct Settings {
     pub(crate) on_error: OnStoreError,
     pub(crate) max_bytes: Option<usize>,
     pub(crate) label: Arc<str>,
+    pub(crate) allow_keys: Option<KeyList>,
+    pub(crate) deny_keys: Option<KeyList>,
+    /// How long a key is refused once a counted response exhausts its limit.
+    pub(crate) ban: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -165,6 +269,9 @@ impl Default for Settings {
             on_error: OnStoreError::default(),
             max_bytes: None,
             label: "tollgate".into(),
+            allow_keys: None,
+            deny_keys: None,
+            ban: None,
         }
     }
 }
@@ -280,7 +387,7 @@ where
 impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     /// A limiter for a key type `K`: checks every policy of the set against the store and
     /// the selector.
-    pub(crate) fn new<K>(
+    pub(crate) fn new<K: 'static>(
         key: X,
         cost: C,
         store: St,
@@ -298,8 +405,16 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             <St as Store<Option<K>>>::policies_installed(st, set);
             Ok(())
         };
+        for list in [&settings.allow_keys, &settings.deny_keys]
+            .into_iter()
+            .flatten()
+        {
+            list.check::<K>()?;
+        }
         let observe = Observe::new(settings.label);
+        let ban = settings.ban;
         let installed = Arc::new(prepare(&flavour, &observe, set, settings.names, |set| {
+            check_ban(set, ban)?;
             accept(&store, set)
         })?);
         Ok(Limiter {
@@ -316,6 +431,9 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             accept,
             warned: AtomicBool::new(false),
             observe,
+            allow_keys: settings.allow_keys,
+            deny_keys: settings.deny_keys,
+            ban: settings.ban,
         })
     }
 
@@ -323,6 +441,16 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     pub(crate) fn policies(&self) -> PolicySet {
         self.installed.load().set.clone()
     }
+}
+
+/// A ban needs every policy of the set to be made of GCRA-based limits.
+fn check_ban(set: &PolicySet, ban: Option<Duration>) -> Result<(), ConfigError> {
+    if ban.is_some() {
+        for p in set.policies() {
+            p.can_ban()?;
+        }
+    }
+    Ok(())
 }
 
 /// Validates `set` and prepares it for installing.
@@ -358,6 +486,7 @@ where
 {
     fn install(&self, set: PolicySet) -> Result<(), ConfigError> {
         let installed = prepare(&self.flavour, &self.observe, set, self.names, |set| {
+            check_ban(set, self.ban)?;
             (self.accept)(&self.store, set)
         })?;
         self.installed.store(Arc::new(installed));
@@ -392,8 +521,28 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         } else {
             &self.first
         };
+        match self.flavour.screen(req) {
+            Screen::Limit => {}
+            Screen::Exempt => {
+                self.observe.exempt();
+                return Begin::Unlimited;
+            }
+            Screen::Deny => return Begin::Now(Next::Refuse(self.deny(req))),
+        }
         let key = match self.key.extract(req) {
-            Some(k) => Some(k),
+            Some(k) => {
+                if self.allow_keys.is_some() || self.deny_keys.is_some() {
+                    let listed = |l: &Option<KeyList>| l.as_ref().is_some_and(|l| (l.contains)(&k));
+                    if listed(&self.deny_keys) {
+                        return Begin::Now(Next::Refuse(self.deny(req)));
+                    }
+                    if listed(&self.allow_keys) {
+                        self.observe.exempt();
+                        return Begin::Unlimited;
+                    }
+                }
+                Some(k)
+            }
             None => match self.keyless(req) {
                 MissingKey::Shared => None,
                 MissingKey::Allow => return Begin::Unlimited,
@@ -434,6 +583,16 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                 Begin::Later(check, then)
             }
         }
+    }
+
+    /// A request on a deny list: refused, counted and logged (`debug`).
+    #[cold]
+    fn deny<Req>(&self, req: &Req) -> F::Refusal
+    where
+        F: Flavour<Req>,
+    {
+        self.observe.denied(self.flavour.route(req));
+        self.flavour.denied(req)
     }
 
     /// A request without a key: logs once per layer when the extractor says why (the
@@ -545,13 +704,38 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         };
         match d.outcome() {
             Outcome::Allowed { wait } => {
+                let settle = self.flavour.settles().then(|| {
+                    let (me, key, policy) = (Arc::clone(self), key.clone(), at.policy.clone());
+                    let reserved = at.cost;
+                    // This request took the last unit of an enforced limit: counted, it bans.
+                    let shadow = policy.shadow_mask();
+                    let ban = self.ban.filter(|_| {
+                        d.limits()
+                            .iter()
+                            .enumerate()
+                            .any(|(i, r)| shadow & (1 << i) == 0 && r.remaining() == 0)
+                    });
+                    Settlement {
+                        reserved,
+                        settle: Box::new(move |actual| {
+                            if actual != reserved {
+                                me.store
+                                    .settle(&key, &policy, reserved, actual)
+                                    .detach("a settled cost");
+                            }
+                            if let (Some(ban), true) = (ban, actual > 0) {
+                                me.store.ban(&key, &policy, ban).detach("a ban");
+                            }
+                        }),
+                    }
+                });
                 let refund = (!wait.is_zero()).then(|| {
                     let (me, policy, cost) = (Arc::clone(self), at.policy.clone(), at.cost);
                     RefundGuard::new(move || me.store.refund(&key, &policy, cost))
                 });
                 Next::Proceed {
                     wait,
-                    extra: self.flavour.admit(req, &v),
+                    extra: self.flavour.admit(req, &v, settle),
                     refund,
                 }
             }

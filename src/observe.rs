@@ -21,6 +21,9 @@ pub(crate) struct Observe {
     warned: OncePerSecond,
     #[cfg(feature = "metrics")]
     degraded: [metrics::Counter; 4],
+    /// Requests exempted, and requests denied, by the layer's lists and skip rule.
+    #[cfg(feature = "metrics")]
+    screened: [metrics::Counter; 2],
 }
 
 /// Gives every metric its unit and description (the exporter's `HELP` and unit), in the
@@ -32,6 +35,11 @@ fn describe() {
         "tollgate.rate_limit.requests",
         Unit::Count,
         "Rate-limit decisions, by layer, policy and result"
+    );
+    describe_counter!(
+        "tollgate.rate_limit.screened",
+        Unit::Count,
+        "Requests never limited (skipped or on an allow list) or denied (on a deny list)"
     );
     describe_histogram!(
         "tollgate.rate_limit.request.time_in_queue",
@@ -100,9 +108,31 @@ impl Observe {
                     "tollgate.source" => s
                 )
             }),
+            #[cfg(feature = "metrics")]
+            screened: ["exempt", "denied"].map(|s| {
+                metrics::counter!(
+                    "tollgate.rate_limit.screened",
+                    "tollgate.limiter" => label.to_string(),
+                    "tollgate.result" => s
+                )
+            }),
             label,
             warned: OncePerSecond::default(),
         }
+    }
+
+    /// A request exempt from the limit (skipped, or on an allow list).
+    #[inline]
+    pub(crate) fn exempt(&self) {
+        #[cfg(feature = "metrics")]
+        self.screened[0].increment(1);
+    }
+
+    /// A request on a deny list.
+    pub(crate) fn denied(&self, route: Option<&str>) {
+        #[cfg(feature = "metrics")]
+        self.screened[1].increment(1);
+        tracing::debug!(target: "tollgate", limiter = %self.label, route, "request denied by a deny list");
     }
 
     pub(crate) fn label(&self) -> &str {

@@ -17,23 +17,29 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::{
+    access::Access,
     cost::Cost,
     error::StoreError,
     future::{take_ready, Finished, Machine},
     key::{KeyExtractor, RequestHead},
     layer::{DecisionEvent, Hook},
-    limiter::{Begin, Flavour, Limiter, Prepare, Verdict},
+    limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
-    response::{plain, Answers, Fields, RateLimitBody, ResponseHeaders},
+    response::{
+        plain, Answers, DebugRule, Fields, Pending, RateLimitBody, ResponseHead, ResponseHeaders,
+    },
     store::Store,
 };
 
-/// How the HTTP layer answers: the layer's response settings.
+/// How the HTTP layer answers: the layer's response settings, its exemptions and deny
+/// lists, and how it settles costs from responses.
 pub(crate) struct Http {
     pub(crate) answers: Answers,
     pub(crate) expose: bool,
     pub(crate) shadow_header: Option<HeaderName>,
     pub(crate) hook: Option<Hook>,
+    pub(crate) access: Access,
+    pub(crate) settle: Option<DebugRule>,
 }
 
 impl Prepare for Http {
@@ -74,9 +80,20 @@ impl<B> Flavour<Request<B>> for Http {
     }
 
     #[inline]
-    fn admit(&self, req: &mut Request<B>, v: &Verdict<'_, Fields>) -> ResponseHeaders {
+    fn admit(
+        &self,
+        req: &mut Request<B>,
+        v: &Verdict<'_, Fields>,
+        settle: Option<Settlement>,
+    ) -> ResponseHeaders {
         let d = v.decision;
         let mut headers = v.prepared.headers(&self.answers, d, v.shadow_mask);
+        if let (Some(settlement), Some(rule)) = (settle, &self.settle) {
+            headers.settle = Some(Box::new(Pending {
+                settlement,
+                rule: rule.clone(),
+            }));
+        }
         if self.hook.is_some() || (d.shadowed() && self.shadow_header.is_some()) {
             let mut extra = self.hook(req, v).unwrap_or_default();
             if let (true, Some(name)) = (d.shadowed(), &self.shadow_header) {
@@ -104,6 +121,20 @@ impl<B> Flavour<Request<B>> for Http {
             status,
             "No rate-limit key could be extracted from this request.",
         ))
+    }
+
+    fn denied(&self, _: &Request<B>) -> Self::Refusal {
+        Box::new(plain(StatusCode::FORBIDDEN, "This client is denied."))
+    }
+
+    #[inline]
+    fn screen(&self, req: &Request<B>) -> Screen {
+        self.access.screen(req)
+    }
+
+    #[inline]
+    fn settles(&self) -> bool {
+        self.settle.is_some()
     }
 
     fn route<'r>(&self, req: &'r Request<B>) -> Option<&'r str> {
@@ -179,7 +210,10 @@ where
         Poll::Ready(match ready!(self.project().machine.poll_machine(cx)) {
             Finished::Inner(Ok(response), extra) => {
                 let mut response = response.map(RateLimitBody::inner);
-                if let Some(h) = extra {
+                if let Some(mut h) = extra {
+                    if let Some(pending) = h.settle.take() {
+                        pending.settle(&ResponseHead::of(&response));
+                    }
                     h.apply(response.headers_mut());
                 }
                 Ok(response)

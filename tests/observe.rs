@@ -20,7 +20,7 @@ use tollgate::{
     error::StoreError,
     key::{Global, HeaderBytes, HeaderKey, RequestHead},
     limiter::OnStoreError,
-    store::{CheckFuture, MemoryStore, Store},
+    store::{CheckFuture, MemoryStore, Store, StoreFuture},
     Decision, Policy, RateLimitLayer,
 };
 use tower::ServiceExt;
@@ -103,6 +103,15 @@ impl Store<Option<()>> for Failing {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
+    fn settle(&self, _: &Option<()>, _: &Policy, _: u64, _: u64) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn reset(&self, _: &Option<()>) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn ban(&self, _: &Option<()>, _: &Policy, _: Duration) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
 }
 
 /// A store that answers every call with the same decision, made without its backend:
@@ -123,6 +132,15 @@ impl Store<Option<()>> for Degraded {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
+    fn settle(&self, _: &Option<()>, _: &Policy, _: u64, _: u64) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn reset(&self, _: &Option<()>) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn ban(&self, _: &Option<()>, _: &Policy, _: Duration) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
 }
 
 /// `GET /` behind a global layer labelled `label` on `store`.

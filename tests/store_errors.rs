@@ -6,8 +6,13 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tollgate::{
-    decision::Source, error::StoreError, generic::RateLimited, key::Global, limiter::OnStoreError,
-    store::CheckFuture, store::Store, BoxError, Decision, Limit, Policy, Quota, RateLimitLayer,
+    decision::Source,
+    error::StoreError,
+    generic::RateLimited,
+    key::Global,
+    limiter::OnStoreError,
+    store::{CheckFuture, Store, StoreFuture},
+    BoxError, Decision, Limit, Policy, Quota, RateLimitLayer,
 };
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -45,6 +50,15 @@ impl Store<Option<()>> for Broken {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
+    fn settle(&self, _: &Option<()>, _: &Policy, _: u64, _: u64) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn reset(&self, _: &Option<()>) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
+    fn ban(&self, _: &Option<()>, _: &Policy, _: Duration) -> StoreFuture<()> {
+        StoreFuture::ready(Err(StoreError::backend("connection refused")))
+    }
 }
 
 /// `on_error: None` leaves the builder's default.

@@ -203,6 +203,14 @@ impl Gcra {
             .max(tat)
     }
 
+    /// The TAT at which a unit is admitted again `ban` ns after `now`, and no earlier:
+    /// a unit is admitted at `t` iff `max(tat, t) + T - t <= cap`, so at `tat - (cap - T)`.
+    pub(crate) fn banned_until(&self, now: u64, ban: u64) -> u64 {
+        now.saturating_add(ban)
+            .saturating_add(self.cap - self.t)
+            .min(now.saturating_add(crate::quota::MAX_HORIZON))
+    }
+
     /// Gives back `cost` units (a queued request that was dropped before its slot).
     pub(crate) fn refund(&self, tat: u64, cost: u64) -> u64 {
         tat.saturating_sub(cost.saturating_mul(self.t))

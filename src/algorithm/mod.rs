@@ -267,6 +267,62 @@ impl Limit {
         Ok(self)
     }
 
+    /// Bounds a queue by its longest wait as well as by its length: a request whose slot
+    /// is more than `max_wait` away is refused instead of queued (nginx has no such
+    /// bound; ASP.NET's queue limiters bound the length only).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limit, Quota};
+    ///
+    /// // 10 per second, at most 50 queued, none waiting longer than 300 ms.
+    /// let queue = Limit::leaky_queue(Quota::per_second(10)?, 50)?
+    ///     .with_max_wait(Duration::from_millis(300))?;
+    /// assert_eq!(queue.max_wait(), Some(Duration::from_millis(300)));
+    /// // The same in policy text:
+    /// let text: tollgate::Policy = "queue 10/s 50 max-wait 300ms".parse()?;
+    /// assert_eq!(text.limits()[0], queue);
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::MaxWaitNotApplicable`] for an algorithm that does not queue.
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Result<Self, ConfigError> {
+        match (self.params, self.algorithm) {
+            (Params::Gcra(g), Algorithm::LeakyQueue { .. }) => {
+                let w = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+                // Admitted iff `new_tat - now <= cap`, waiting `new_tat - now - free`.
+                let cap = g.free.saturating_add(w).min(g.cap);
+                self.params = Params::Gcra(Gcra::new(g.t, g.tau, cap, g.free));
+                Ok(self)
+            }
+            _ => Err(ConfigError::MaxWaitNotApplicable(self.algorithm.name())),
+        }
+    }
+
+    /// The longest a queued request waits (a queue only): its length's worth of slots,
+    /// or less when bounded by [`Limit::with_max_wait`].
+    pub fn max_wait(&self) -> Option<Duration> {
+        match (self.params, self.algorithm) {
+            (Params::Gcra(g), Algorithm::LeakyQueue { .. }) => {
+                Some(Duration::from_nanos(g.cap.saturating_sub(g.free)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether [`Limit::with_max_wait`] shortened this queue.
+    #[cfg(feature = "redis")]
+    fn max_wait_set(&self) -> bool {
+        match (self.params, self.algorithm) {
+            (Params::Gcra(g), Algorithm::LeakyQueue { queue, .. }) => {
+                g.cap < g.t + u64::from(queue) * g.t
+            }
+            _ => false,
+        }
+    }
+
     /// The same limit with `from`'s name, enforcement and window offset (a scaled copy of
     /// `from`).
     #[cfg(feature = "redis")]
@@ -274,15 +330,20 @@ impl Limit {
         self.name = from.name.clone();
         self.named = from.named;
         self.mode = from.mode;
-        self.params = match (self.params, from.params) {
-            (Params::Fixed(w), Params::Fixed(f)) => {
-                Params::Fixed(Window::new(w.w, w.limit, f.shift))
-            }
-            (Params::Sliding(w), Params::Sliding(f)) => {
-                Params::Sliding(Window::new(w.w, w.limit, f.shift))
-            }
-            (p, _) => p,
-        };
+        self.params =
+            match (self.params, from.params) {
+                (Params::Fixed(w), Params::Fixed(f)) => {
+                    Params::Fixed(Window::new(w.w, w.limit, f.shift))
+                }
+                (Params::Sliding(w), Params::Sliding(f)) => {
+                    Params::Sliding(Window::new(w.w, w.limit, f.shift))
+                }
+                // A queue bounded by its longest wait keeps that bound.
+                (Params::Gcra(g), Params::Gcra(f)) if from.max_wait_set() => Params::Gcra(
+                    Gcra::new(g.t, g.tau, g.cap.min(g.free + (f.cap - f.free)), g.free),
+                ),
+                (p, _) => p,
+            };
         self
     }
 
@@ -491,6 +552,14 @@ impl Limit {
             Params::Gcra(g) => s[0] = g.force(s[0], now, cost),
             Params::Fixed(w) => w.force_fixed(s, now, cost),
             Params::Sliding(w) => w.force_sliding(s, now, cost),
+        }
+    }
+
+    /// Refuses every request until `ban` ns after `now` (GCRA-based limits; windows
+    /// cannot hold a refusal past their end and are left as they are).
+    pub(crate) fn ban(&self, s: &mut [u64], now: u64, ban: u64) {
+        if let Params::Gcra(g) = &self.params {
+            s[0] = s[0].max(g.banned_until(now, ban));
         }
     }
 

@@ -11,10 +11,10 @@ use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
     layer::DefaultStore,
-    limiter::{Limiter, MissingKey, OnStoreError, Settings},
+    limiter::{KeyList, Limiter, MissingKey, OnStoreError, Settings},
     policy::{IntoPolicy, PolicyHandle, PolicyName, PolicySet, Select},
     quota::Quota,
-    store::Store,
+    store::{Store, StoreFuture},
 };
 
 /// The layer for any `tower::Service`. See the [module docs](super).
@@ -70,6 +70,15 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
     /// The policies in force.
     pub fn policies(&self) -> PolicySet {
         self.limiter.policies()
+    }
+
+    /// Forgets `key`'s state in the layer's store, under every policy: its next request
+    /// finds it fresh.
+    pub fn reset<K>(&self, key: K) -> StoreFuture<()>
+    where
+        St: Store<Option<K>>,
+    {
+        self.limiter.store.reset(&Some(key))
     }
 
     /// A handle that swaps this layer's policies while requests flow. See
@@ -200,6 +209,28 @@ impl<X, C> Builder<X, C> {
         self
     }
 
+    /// Never limits these keys (an internal caller's): the keys are of the type the
+    /// extractor returns; another type is reported by `build`.
+    pub fn allow_keys<K, I>(mut self, keys: I) -> Self
+    where
+        K: std::hash::Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator<Item = K>,
+    {
+        self.core.allow_keys = Some(KeyList::new(keys));
+        self
+    }
+
+    /// Refuses these keys with [`Denied`](crate::error::Denied). See
+    /// [`Builder::allow_keys`].
+    pub fn deny_keys<K, I>(mut self, keys: I) -> Self
+    where
+        K: std::hash::Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator<Item = K>,
+    {
+        self.core.deny_keys = Some(KeyList::new(keys));
+        self
+    }
+
     /// The layer's name in metrics and events (default `tollgate`).
     pub fn label(mut self, label: &str) -> Self {
         self.core.label = label.into();
@@ -212,7 +243,7 @@ impl<X, C> Builder<X, C> {
         self
     }
 
-    fn finish<K, St>(
+    fn finish<K: 'static, St>(
         self,
         store: St,
         set: PolicySet,
@@ -243,6 +274,7 @@ impl<X, C> Builder<X, C> {
     where
         X: KeyExtractor<Req>,
         St: Store<Option<X::Key>>,
+        X::Key: 'static,
     {
         let set = self.core.set_for(&store)?;
         self.finish::<X::Key, _>(store, set)

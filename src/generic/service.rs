@@ -15,10 +15,10 @@ use tower_service::Service;
 
 use crate::{
     cost::Cost,
-    error::{KeyMissing, RateLimited, StoreError},
+    error::{Denied, KeyMissing, RateLimited, StoreError},
     future::{take_ready, Finished, Machine},
     key::KeyExtractor,
-    limiter::{Begin, Flavour, Limiter, Prepare, Verdict},
+    limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     store::Store,
     BoxError,
@@ -42,7 +42,7 @@ impl<Req> Flavour<Req> for Plain {
         Box::new(RateLimited::new(*v.decision))
     }
 
-    fn admit(&self, _: &mut Req, _: &Verdict<'_, ()>) {}
+    fn admit(&self, _: &mut Req, _: &Verdict<'_, ()>, _: Option<Settlement>) {}
 
     fn failed(&self, _: &Req, error: StoreError) -> BoxError {
         Box::new(error)
@@ -50,6 +50,20 @@ impl<Req> Flavour<Req> for Plain {
 
     fn keyless(&self, _: &Req, _: StatusCode) -> BoxError {
         Box::new(KeyMissing)
+    }
+
+    fn denied(&self, _: &Req) -> BoxError {
+        Box::new(Denied)
+    }
+
+    #[inline]
+    fn screen(&self, _: &Req) -> Screen {
+        Screen::Limit
+    }
+
+    #[inline]
+    fn settles(&self) -> bool {
+        false
     }
 
     fn route<'r>(&self, _: &'r Req) -> Option<&'r str> {

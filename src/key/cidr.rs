@@ -11,13 +11,13 @@ use crate::ConfigError;
 /// An address block; IPv4-mapped IPv6 blocks are stored as IPv4 (addresses are
 /// canonicalized the same way before matching).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Cidr {
+pub(crate) enum Cidr {
     V4 { net: u32, prefix: u8 },
     V6 { net: u128, prefix: u8 },
 }
 
 impl Cidr {
-    pub(super) fn parse(s: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn parse(s: &str) -> Result<Self, ConfigError> {
         let err = || ConfigError::InvalidCidr(s.to_owned());
         let t = s.trim();
         let (addr, prefix) = match t.split_once('/') {
@@ -60,7 +60,7 @@ impl Cidr {
     }
 
     /// Whether `ip` (already canonical) is in the block.
-    pub(super) fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         match (*self, ip) {
             (Self::V4 { net, prefix }, IpAddr::V4(a)) => {
                 u32::from(a) & prefix_mask(prefix, 32) as u32 == net

@@ -142,7 +142,7 @@ impl ClientIp {
     }
 
     /// The client's address, ungrouped.
-    fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
+    pub(crate) fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
         let peer = peer_addr(req)?.ip().to_canonical();
         if !self.is_trusted(peer) {
             return Some(peer);

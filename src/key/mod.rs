@@ -15,6 +15,7 @@
 //! | [`HeaderKey`] | [`HeaderBytes`] | a header such as `x-api-key`, length-capped |
 //! | [`ExtensionKey`] / [`ExtensionMap`] | `T` / `K` | a value an auth layer put in the extensions |
 //! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, verified |
+//! | `JsonField::key()` (feature `json`) | `JsonField` | a JSON body's field, read by `JsonFieldLayer` on the routes it wraps |
 //! | `MatchedRoute` (feature `axum`) | `String` | the matched axum route pattern |
 //! | [`MethodKey`] | [`Method`](http::Method) | the request method |
 //! | [`Global`] | `()` | nothing: one limit for everyone |
@@ -62,18 +63,20 @@
 //! assert_eq!(by_tenant.extract(&Job { tenant: 7 }), Some(7));
 //! ```
 
-mod cidr;
+pub(crate) mod cidr;
 mod client_ip;
 mod composite;
 mod extension;
 mod forwarded;
 mod head;
 mod header;
-mod peer_ip;
+pub(crate) mod peer_ip;
 mod route;
 
 #[cfg(feature = "jwt")]
 mod claim;
+#[cfg(feature = "json")]
+mod json;
 
 #[cfg(feature = "jwt")]
 pub use self::claim::{jwt, BearerClaim};
@@ -82,6 +85,8 @@ pub use self::composite::{KeyExtractorExt, Or};
 pub use self::extension::{ExtensionKey, ExtensionMap};
 pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
+#[cfg(feature = "json")]
+pub use self::json::{JsonField, JsonFieldFuture, JsonFieldKey, JsonFieldLayer, JsonFieldService};
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;

@@ -116,7 +116,7 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
 
 /// The remote address of the connection, from `ConnectInfo<SocketAddr>` (feature `axum`)
 /// or a plain `SocketAddr` extension.
-pub(super) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
+pub(crate) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
     let ext = req.extensions();
     #[cfg(feature = "axum")]
     {

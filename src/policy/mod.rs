@@ -388,6 +388,30 @@ impl Policy {
         }
     }
 
+    /// Refuses every enforced token-bucket-family limit until `ban` ns after `now` (a
+    /// ban after too many failures); windows and limits in shadow are left as they are.
+    pub(crate) fn ban(&self, state: &mut [u64], now: u64, ban: u64) {
+        let shadow = self.shadow_mask();
+        for (i, limit) in self.limits().iter().enumerate() {
+            if shadow & (1 << i) != 0 {
+                continue;
+            }
+            let off = self.inner.offsets[i] as usize;
+            limit.ban(&mut state[off..off + limit.params.words()], now, ban);
+        }
+    }
+
+    /// Whether every enforced limit can be banned: token bucket, meter or queue.
+    pub(crate) fn can_ban(&self) -> Result<(), ConfigError> {
+        match self.limits().iter().find(|l| l.params.words() != 1) {
+            Some(l) => Err(ConfigError::PolicySet(format!(
+                "a ban needs token-bucket, meter or queue limits; {:?} is a window",
+                l.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Gives back `cost` units to every limit (a queued request dropped before its slot).
     pub fn refund(&self, state: &mut [u64], now: u64, cost: u64) {
         for (i, limit) in self.limits().iter().enumerate() {

@@ -103,7 +103,7 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
             .ok_or_else(|| bad(part, "a queue needs its size: queue 100/s 50"))?;
         queue = Some(int(part, size, "the queue size")?);
     }
-    let (mut burst, mut nodelay, mut offset) = (None, None, None);
+    let (mut burst, mut nodelay, mut offset, mut max_wait) = (None, None, None, None);
     let (mut kind, mut mode) = ("", None);
     while let Some(w) = words.next() {
         let mut value = |what: &str| {
@@ -115,6 +115,7 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
             "burst" => burst = Some(int(part, value("a number")?, "the burst")?),
             "nodelay" => nodelay = Some(int(part, value("a number")?, "nodelay")?),
             "offset" => offset = Some(duration(part, value("a duration such as 5h")?)?),
+            "max-wait" => max_wait = Some(duration(part, value("a duration such as 300ms")?)?),
             "meter" | "window" | "sliding" if kind.is_empty() && !queued => kind = w,
             "shadow" => mode = Some(None),
             "enforce" => {
@@ -154,6 +155,9 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
     }
     if let Some(o) = offset {
         l = l.with_window_offset(o).map_err(fail)?;
+    }
+    if let Some(w) = max_wait {
+        l = l.with_max_wait(w).map_err(fail)?;
     }
     if let Some(n) = name {
         l = l.named(n).map_err(fail)?;

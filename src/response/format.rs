@@ -10,7 +10,8 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
 };
 
-use crate::{decision::Outcome, Decision, Policy};
+use super::ResponseHead;
+use crate::{decision::Outcome, limiter::Settlement, Decision, Policy};
 
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -118,6 +119,37 @@ pub(crate) struct ResponseHeaders {
     legacy: Option<Box<[HeaderValue; 3]>>,
     /// Headers a decision hook added, and the shadow header.
     pub(crate) extra: Option<Box<HeaderMap>>,
+    /// The request's cost, to settle from the response.
+    pub(crate) settle: Option<Box<Pending>>,
+}
+
+/// How the HTTP layer settles a cost from a response: the real cost, given the response
+/// and the reserved cost.
+pub(crate) type SettleRule = Arc<dyn Fn(&ResponseHead<'_>, u64) -> u64 + Send + Sync>;
+
+/// A cost to settle once the response is known.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) settlement: Settlement,
+    pub(crate) rule: DebugRule,
+}
+
+/// A [`SettleRule`] that formats as its name.
+#[derive(Clone)]
+pub(crate) struct DebugRule(pub(crate) SettleRule);
+
+impl fmt::Debug for DebugRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SettleRule")
+    }
+}
+
+impl Pending {
+    /// Settles the cost from `response`.
+    pub(crate) fn settle(self, response: &ResponseHead<'_>) {
+        let actual = (self.rule.0)(response, self.settlement.reserved);
+        self.settlement.settle(actual);
+    }
 }
 
 impl ResponseHeaders {

@@ -14,7 +14,9 @@
 
 mod body;
 mod format;
+mod head;
 
 pub use body::RateLimitBody;
-pub(crate) use format::{plain, Answers, Fields, ResponseHeaders};
+pub(crate) use format::{plain, Answers, DebugRule, Fields, Pending, ResponseHeaders, SettleRule};
 pub use format::{refusal, retry_after_secs, Rejection};
+pub use head::ResponseHead;

@@ -14,7 +14,7 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use super::{
     map::{self, default_shards, Both, Entry, KeyHasher, ShardInner, ShardedMap},
     tags::Tags,
-    CheckFuture, Store,
+    CheckFuture, Store, StoreFuture,
 };
 use crate::{
     algorithm::MAX_WORDS,
@@ -160,6 +160,12 @@ enum Op {
     Check,
     Peek,
     Refund,
+    /// Charges whatever the limits say (a settled cost above its estimate).
+    Force,
+    /// Forgets the key's state.
+    Reset,
+    /// Refuses the key for `cost` ns.
+    Ban,
 }
 
 /// A store and a policy: what every table operation needs.
@@ -273,6 +279,8 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                     return d;
                 }
             }
+            // Rare: under the shard's write lock.
+            (_, Op::Force | Op::Reset | Op::Ban) => {}
         }
         self.run_cold(cx, op, key, hash, cost, now, rehash)
     }
@@ -342,6 +350,9 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
             let (_, words) = cell.into_inner().unwrap_or_else(PoisonError::into_inner);
             self.removed(&mut inner, map::allocation_bytes(words.len() * 8));
         }
+        if op == Op::Reset {
+            return policy.eval(&[0; MAX_WORDS], now, 0).0;
+        }
         // The state stays under the policy that wrote it when that one belongs to a set
         // installed after this request's (it began before a swap): decided on the state as
         // its policy sees it, it is charged to the state as it is. Converting the state
@@ -365,11 +376,20 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                     policy.refund(&mut s, now, cost);
                     policy.report(&s, now)
                 }
+                Op::Force => {
+                    policy.force(&mut s, now, cost);
+                    policy.report(&s, now)
+                }
+                Op::Ban => {
+                    policy.ban(&mut s, now, cost);
+                    policy.report(&s, now)
+                }
+                Op::Reset => unreachable!("returned above"),
             };
             (cx.tag, policy.clone(), s, d)
         };
         // A state back to fresh is not stored; nor is an unknown key merely looked at.
-        if owner.is_fresh(&state, now) || (!known && op != Op::Check) {
+        if owner.is_fresh(&state, now) || (!known && matches!(op, Op::Peek | Op::Refund)) {
             return decision;
         }
         let residuals = Both(residual_one::<S>(now), residual_many::<S>(cx.tags, now));
@@ -567,6 +587,25 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
         self.run(Op::Refund, key, &self.policy, cost);
     }
 
+    /// Settles a request charged `reserved` units whose real cost is `actual`: charges
+    /// the difference whatever the limit, or gives it back. See [`Store::settle`].
+    pub fn settle(&self, key: &K, reserved: u64, actual: u64) {
+        self.settle_with(key, &self.policy, reserved, actual);
+    }
+
+    fn settle_with(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) {
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Greater => self.run(Op::Force, key, policy, actual - reserved),
+            std::cmp::Ordering::Less => self.run(Op::Refund, key, policy, reserved - actual),
+            std::cmp::Ordering::Equal => return,
+        };
+    }
+
+    /// Forgets `key`'s state: its next request finds it fresh.
+    pub fn reset(&self, key: &K) {
+        self.run(Op::Reset, key, &self.policy, 0);
+    }
+
     /// Keys and bytes held, and eviction counters.
     pub fn stats(&self) -> MemoryStats {
         match &self.keys {
@@ -629,6 +668,22 @@ where
 
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {
         self.run(Op::Refund, key, policy, cost);
+    }
+
+    fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {
+        self.settle_with(key, policy, reserved, actual);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn reset(&self, key: &K) -> StoreFuture<()> {
+        MemoryStore::reset(self, key);
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn ban(&self, key: &K, policy: &Policy, ban: std::time::Duration) -> StoreFuture<()> {
+        let ns = u64::try_from(ban.as_nanos()).unwrap_or(u64::MAX);
+        self.run(Op::Ban, key, policy, ns);
+        StoreFuture::ready(Ok(()))
     }
 }
 

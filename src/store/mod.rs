@@ -80,6 +80,21 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Best effort: a network store sends it in the background.
     fn refund(&self, key: &K, policy: &Policy, cost: u64);
 
+    /// Settles a request charged `reserved` units whose real cost turned out to be
+    /// `actual` (counted only when it failed, measured from its response): the difference
+    /// is charged without a check (the key may go over its limit, and then waits it out)
+    /// or given back. The answer says when the store has applied it.
+    fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()>;
+
+    /// Refuses `key` under `policy` for `ban` from now (a ban after too many failures):
+    /// every enforced token-bucket, meter or queue limit of the policy is made to admit
+    /// nothing before then, and a refusal's retry-after counts down to it.
+    fn ban(&self, key: &K, policy: &Policy, ban: std::time::Duration) -> StoreFuture<()>;
+
+    /// Forgets `key`'s state under every policy: its next request finds it fresh (a
+    /// customer unbanned, a test reset). The answer says when the store has applied it.
+    fn reset(&self, key: &K) -> StoreFuture<()>;
+
     /// Called when a layer starts applying `set` (built, or swapped). A store that
     /// carries a key's state across policies uses it to tell a request begun before a swap
     /// (still under the old set) from a change of plan: the first is charged to the state
@@ -89,41 +104,44 @@ pub trait Store<K>: Send + Sync + 'static {
     }
 }
 
-type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
 /// The answer of a [`Store`]: ready at once for the memory store, a boxed network call
 /// otherwise.
-pub struct CheckFuture {
-    inner: CheckInner,
+pub struct StoreFuture<T> {
+    inner: Inner<T>,
 }
 
-enum CheckInner {
-    Ready(Option<Result<Decision, StoreError>>),
-    Boxed(BoxedCheck),
+/// The answer to a decision: see [`StoreFuture`].
+pub type CheckFuture = StoreFuture<Decision>;
+
+enum Inner<T> {
+    Ready(Option<Result<T, StoreError>>),
+    Boxed(Boxed<T>),
 }
 
-impl CheckFuture {
+impl<T> StoreFuture<T> {
     /// An answer that is already known.
     #[inline]
-    pub fn ready(result: Result<Decision, StoreError>) -> Self {
-        CheckFuture {
-            inner: CheckInner::Ready(Some(result)),
+    pub fn ready(result: Result<T, StoreError>) -> Self {
+        StoreFuture {
+            inner: Inner::Ready(Some(result)),
         }
     }
 
     /// An answer that needs I/O.
     pub fn boxed<F>(future: F) -> Self
     where
-        F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        CheckFuture {
-            inner: CheckInner::Boxed(Box::pin(future)),
+        StoreFuture {
+            inner: Inner::Boxed(Box::pin(future)),
         }
     }
 
-    /// The decision of a future that is ready with one.
+    /// The answer of a future that is ready with one.
     #[cfg(feature = "redis")]
-    pub(crate) fn take_ready_now(mut self) -> Option<Decision> {
+    pub(crate) fn take_ready_now(mut self) -> Option<T> {
         match self.take_ready() {
             Some(Ok(d)) => Some(d),
             _ => None,
@@ -132,38 +150,60 @@ impl CheckFuture {
 
     /// Takes the answer if it is already known, so a caller can skip a poll.
     #[inline]
-    pub fn take_ready(&mut self) -> Option<Result<Decision, StoreError>> {
+    pub fn take_ready(&mut self) -> Option<Result<T, StoreError>> {
         match &mut self.inner {
-            CheckInner::Ready(r) => r.take(),
-            CheckInner::Boxed(_) => None,
+            Inner::Ready(r) => r.take(),
+            Inner::Boxed(_) => None,
+        }
+    }
+
+    /// Runs the answer to completion in the background when it needs I/O (inside a tokio
+    /// runtime; outside one it is dropped), logging a failure at `debug`: for updates a
+    /// request does not wait for (a settled cost).
+    pub(crate) fn detach(mut self, what: &'static str)
+    where
+        T: Send + 'static,
+    {
+        if self.take_ready().is_some() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = self.await {
+                    tracing::debug!(target: "tollgate", error = %e, "{what} not applied by the store");
+                }
+            });
         }
     }
 }
 
-impl fmt::Debug for CheckFuture {
+impl<T> fmt::Debug for StoreFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.inner {
-            CheckInner::Ready(_) => "ready",
-            CheckInner::Boxed(_) => "pending",
+            Inner::Ready(_) => "ready",
+            Inner::Boxed(_) => "pending",
         };
-        f.debug_struct("CheckFuture")
+        f.debug_struct("StoreFuture")
             .field("state", &state)
             .finish()
     }
 }
 
-impl Future for CheckFuture {
-    type Output = Result<Decision, StoreError>;
+impl<T> Future for StoreFuture<T> {
+    type Output = Result<T, StoreError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().inner {
-            CheckInner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
-                Err(StoreError::backend("CheckFuture polled after completion"))
+        // No field is pinned: the boxed future is pinned in its box.
+        match &mut Pin::into_inner(self).inner {
+            Inner::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
+                Err(StoreError::backend("StoreFuture polled after completion"))
             })),
-            CheckInner::Boxed(f) => f.as_mut().poll(cx),
+            Inner::Boxed(f) => f.as_mut().poll(cx),
         }
     }
 }
+
+impl<T> Unpin for StoreFuture<T> {}
 
 impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     fn supports(&self, policy: &Policy) -> Result<(), crate::ConfigError> {
@@ -186,5 +226,14 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     }
     fn policies_installed(&self, set: &PolicySet) {
         (**self).policies_installed(set)
+    }
+    fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {
+        (**self).settle(key, policy, reserved, actual)
+    }
+    fn reset(&self, key: &K) -> StoreFuture<()> {
+        (**self).reset(key)
+    }
+    fn ban(&self, key: &K, policy: &Policy, ban: std::time::Duration) -> StoreFuture<()> {
+        (**self).ban(key, policy, ban)
     }
 }

@@ -27,6 +27,10 @@ pub fn limit_strategy() -> impl Strategy<Value = Limit> {
                 match alg {
                     0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
                     1 => Limit::leaky_meter(q),
+                    2 if offset_us % 3 == 0 => {
+                        Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue))
+                            .and_then(|l| l.with_max_wait(offset * 40))
+                    }
                     2 => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
                     3 => Limit::fixed_window(q).and_then(|l| l.with_window_offset(offset)),
                     _ => Limit::sliding_window(q).and_then(|l| l.with_window_offset(offset)),
@@ -47,13 +51,14 @@ pub fn policies_strategy() -> impl Strategy<Value = Vec<Policy>> {
     prop::collection::vec(policy_strategy(), 1..=3)
 }
 
-/// (gap in µs, cost, op: 0-6 check, 7-8 peek, 9 refund, the policy it is under)
+/// (gap in µs, cost, op: 0-6 check, 7-8 peek, 9 refund, 10 a cost settled above its
+/// estimate, 11 below it, 12 reset, 13 a ban of `cost` ms; the policy it is under)
 pub fn ops_strategy() -> impl Strategy<Value = Vec<Op>> {
     let gap = prop_oneof![Just(0u64), 0u64..2_000, 0u64..400_000];
     let cost = prop_oneof![8 => 0u64..4, 1 => 4u64..60];
     // Mostly one policy for a while, then another: runs of the same index.
     let which = prop_oneof![6 => Just(0u8), 1 => 0u8..3];
-    prop::collection::vec((gap, cost, 0u8..10, which), 1..60)
+    prop::collection::vec((gap, cost, 0u8..14, which), 1..60)
 }
 
 /// An operation of a sequence: gap in µs, cost, kind, policy index.
@@ -131,9 +136,27 @@ pub async fn compare(
                     policies
                 );
             }
-            _ => {
+            9 => {
                 store.refund_confirmed(&key, cost).await.unwrap();
                 Store::refund(&mem, &key, policy, cost);
+            }
+            10 | 11 => {
+                let actual = if op == 10 { cost * 2 + 1 } else { cost / 2 };
+                Store::settle(store, &key, policy, cost, actual)
+                    .await
+                    .unwrap();
+                Store::settle(&mem, &key, policy, cost, actual)
+                    .await
+                    .unwrap();
+            }
+            12 => {
+                Store::reset(store, &key).await.unwrap();
+                Store::reset(&mem, &key).await.unwrap();
+            }
+            _ => {
+                let ban = Duration::from_micros(cost * 1_700 + 3);
+                Store::ban(store, &key, policy, ban).await.unwrap();
+                Store::ban(&mem, &key, policy, ban).await.unwrap();
             }
         }
     }

@@ -23,7 +23,7 @@ use crate::{
     store::{
         map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
         tags::Tags,
-        CheckFuture, KeyBytes, Store,
+        CheckFuture, KeyBytes, Store, StoreFuture,
     },
     Policy,
 };
@@ -429,6 +429,17 @@ impl Shared {
         failed.map_or(Ok(()), Err)
     }
 
+    /// Drops a key's local entry.
+    fn forget(&self, key: &[u8]) {
+        let hash = map::hash_of(&self.hasher, key);
+        let mut s = self.map.write(hash);
+        if let Ok(e) = s.one.find_entry(hash, |e| *e.key == *key) {
+            let (entry, _) = e.remove();
+            let heap = map::Entry::heap_bytes(&entry);
+            self.map.removed(&mut s, heap);
+        }
+    }
+
     fn put_back(&self, key: &[u8], units: u64) {
         let hash = map::hash_of(&self.hasher, key);
         let mut s = self.map.write(hash);
@@ -538,5 +549,64 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
             policy.refund(&mut e.state, now, cost);
             e.pending = e.pending.saturating_sub(cost);
         });
+    }
+
+    /// Applied locally at once: a charge above the estimate is charged whatever the limits
+    /// and pushed with the next round; a cost below it is refunded as [`Store::refund`]
+    /// does.
+    fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {
+        if actual < reserved {
+            Store::<K>::refund(self, key, policy, reserved - actual);
+        } else if actual > reserved {
+            let k = self.inner.redis_key(key);
+            let extra = actual - reserved;
+            self.inner.with_entry(k, policy, |e, now| {
+                force_charge(policy, &mut e.state, now, extra);
+                e.pending = e.pending.saturating_add(extra);
+            });
+        }
+        StoreFuture::ready(Ok(()))
+    }
+
+    /// Applied locally at once, and to the shared state by one script call.
+    fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
+        let k = self.inner.redis_key(key);
+        let ns = u64::try_from(ban.as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(1 << 52);
+        self.inner.with_entry(k.clone(), policy, |e, now| {
+            policy.ban(&mut e.state, now, ns)
+        });
+        let limits = match script::limit_args(policy) {
+            Ok(l) => l,
+            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
+        };
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move {
+            let at = shared.overrides.then(|| shared.clock.now());
+            let inv = script::invocation(&k, Mode::Ban, ns, at, &limits, true);
+            let deadline = shared.interval.max(Duration::from_millis(50));
+            match tokio::time::timeout(deadline, shared.conn.invoke(&inv)).await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(StoreError::Timeout(deadline)),
+            }
+        })
+    }
+
+    /// Forgets the local state (with its units not yet pushed) and deletes the shared
+    /// one.
+    fn reset(&self, key: &K) -> StoreFuture<()> {
+        let k = self.inner.redis_key(key);
+        self.inner.forget(&k);
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move {
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(&k);
+            let deadline = shared.interval.max(Duration::from_millis(50));
+            match tokio::time::timeout(deadline, shared.conn.query::<i64>(&cmd)).await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(StoreError::Timeout(deadline)),
+            }
+        })
     }
 }

@@ -134,4 +134,14 @@ impl NegativeCache {
         m.entries.remove(key);
         self.len.store(m.entries.len(), Ordering::Release);
     }
+
+    /// Forgets every refusal remembered for `key` (under any policy).
+    pub(super) fn remove_prefix(&self, key: &[u8]) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entries.retain(|k, _| !k.starts_with(key));
+        self.len.store(m.entries.len(), Ordering::Release);
+    }
 }

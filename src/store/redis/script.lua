@@ -1,8 +1,9 @@
 -- tollgate: one rate-limit decision, atomic on the server.
 --
 -- KEYS[1]  the client's state (all limits in one string)
--- ARGV[1]  mode: 0 check, 1 peek, 2 refund, 3 sync (charge ARGV[2] units unconditionally)
--- ARGV[2]  cost in units
+-- ARGV[1]  mode: 0 check, 1 peek, 2 refund, 3 sync (charge ARGV[2] units unconditionally),
+--          4 ban (GCRA limits admit nothing for ARGV[2] ns)
+-- ARGV[2]  cost in units (a duration in ns for a ban)
 -- ARGV[3]  now in microseconds, or '' for the server's TIME (the override is for tests)
 -- ARGV[4]  extra TTL in milliseconds (0 except with the test override)
 -- ARGV[5]  the limits in shadow for this key (bit j-1: limit j), check and peek only: a
@@ -225,6 +226,8 @@ end
 
 local function gcra_eval(l, c)
   local fill = l.fill
+  -- A cost of zero is admitted and spends nothing, even on a state in debt (above the cap).
+  if c == 0 then return 0, 0, { fill }, gcra_report(l, fill, 1) end
   local inc = c * l.t
   if inc > l.cap then return 2, 0, nil, gcra_report(l, fill, 0) end
   local diff = fill + inc
@@ -380,6 +383,19 @@ if mode == 2 then
         if c < 0 then c = 0 end
         s[l.off + 2] = c
       end
+    end
+  end
+  store()
+  return { now }
+end
+
+if mode == 4 then
+  -- A unit is admitted again once TAT - now <= cap - T: from `cost` ns on.
+  for j = 1, n do
+    local l = L[j]
+    if l.k == 1 and not (math.floor(shadow / 2 ^ (j - 1)) % 2 == 1) then
+      local f = cost + l.cap - l.t
+      if f > l.fill then l.fill = f end
     end
   end
   store()

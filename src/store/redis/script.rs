@@ -37,6 +37,7 @@ pub(super) enum Mode {
     Peek = 1,
     Refund = 2,
     Sync = 3,
+    Ban = 4,
 }
 
 /// The policy's limits as script arguments; refuses limits the script cannot decide

@@ -54,11 +54,13 @@ if raw then
 end
 
 local inc = tonumber(ARGV[2]) * t
+-- A cost of zero is admitted at once and writes nothing, even on a state in debt (a
+-- settled cost above its estimate, a sync) whose fill is above the cap.
+if inc == 0 then return { 0, fill } end
 if inc > cap then return { 2, fill } end
 local diff = fill + inc
 if diff > cap then return { 1, fill } end
--- A cost of zero (inc 0) writes nothing.
-if ARGV[1] == '0' and inc > 0 then
+if ARGV[1] == '0' then
   if diff == 0 then
     redis.call('DEL', KEYS[1])
   else

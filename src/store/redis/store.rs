@@ -16,7 +16,7 @@ use crate::{
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
     observe::StoreMetrics,
-    store::{CheckFuture, KeyBytes, MemoryStore, Store, DEFAULT_MAX_BYTES},
+    store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture, DEFAULT_MAX_BYTES},
     Policy,
 };
 
@@ -109,6 +109,19 @@ impl RedisConnection {
             cmd.arg(*a);
         }
         self.invoke(&script::Invocation { script, cmd }).await
+    }
+}
+
+impl RedisConnection {
+    /// Sends one plain command.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
+        }
     }
 }
 
@@ -384,6 +397,16 @@ impl Shared {
         result
     }
 
+    /// Deletes one key, under the deadline.
+    pub(super) async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(key);
+        match tokio::time::timeout(self.deadline, self.conn.query::<i64>(&cmd)).await {
+            Ok(r) => r.map(|_| ()),
+            Err(_) => Err(StoreError::Timeout(self.deadline)),
+        }
+    }
+
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
     /// (or when the fast one finds a state written under other limits).
     async fn ask(
@@ -593,6 +616,66 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
 
     fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
         self.call(self.redis_key(key), policy, Mode::Peek, cost)
+    }
+
+    /// One call: a charge whatever the limits (the script's sync mode) or a refund; the
+    /// key's remembered refusal is forgotten. No failure policy applies: an error is
+    /// returned as it is.
+    fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {
+        let (mode, units) = match actual.cmp(&reserved) {
+            std::cmp::Ordering::Equal => return StoreFuture::ready(Ok(())),
+            std::cmp::Ordering::Greater => (Mode::Sync, actual - reserved),
+            std::cmp::Ordering::Less => (Mode::Refund, reserved - actual),
+        };
+        let k = self.redis_key(key);
+        if let Some(n) = &self.inner.negative {
+            n.remove(&negative_key(k.clone(), policy));
+        }
+        let limits = match script::limit_args(policy) {
+            Ok(l) => l,
+            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
+        };
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move {
+            shared
+                .guarded_call(&k, mode, units, &limits, true)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// One script call; the key's remembered refusals are forgotten (a ban answers
+    /// with a longer retry-after than they hold).
+    fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
+        let k = self.redis_key(key);
+        if let Some(n) = &self.inner.negative {
+            n.remove_prefix(&k);
+        }
+        let limits = match script::limit_args(policy) {
+            Ok(l) => l,
+            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
+        };
+        // Lua numbers are exact below 2^53 ns (about 104 days).
+        let ns = u64::try_from(ban.as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(1 << 52);
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move {
+            shared
+                .guarded_call(&k, Mode::Ban, ns, &limits, true)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// Deletes the key's state (one `DEL`) and forgets its remembered refusals.
+    fn reset(&self, key: &K) -> StoreFuture<()> {
+        let k = self.redis_key(key);
+        if let Some(n) = &self.inner.negative {
+            n.remove_prefix(&k);
+        }
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move { shared.delete(&k).await })
     }
 
     /// Sends the refund in the background (when called inside a tokio runtime; otherwise

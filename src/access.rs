@@ -1,0 +1,87 @@
+//! Exemptions and deny lists of the HTTP layer: requests skipped by a predicate, and
+//! client addresses allowed (never limited) or denied (`403`). Lists of keys live in the
+//! core ([`KeyList`](crate::limiter::KeyList)), since every layer has keys.
+
+use std::{fmt, net::IpAddr, sync::Arc};
+
+use http::Request;
+
+use crate::{
+    error::ConfigError,
+    key::{cidr::Cidr, peer_ip::peer_addr, ClientIp, RequestHead},
+    limiter::Screen,
+};
+
+/// A predicate for requests the layer never limits.
+pub(crate) type Skip = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;
+
+/// What the HTTP layer checks before reading a request's key.
+#[derive(Clone, Default)]
+pub(crate) struct Access {
+    pub(crate) skip: Option<Skip>,
+    allow: Vec<Cidr>,
+    deny: Vec<Cidr>,
+    /// Where the client's address comes from: the connection's peer by default.
+    pub(crate) client_ip: Option<ClientIp>,
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Access")
+            .field("skip", &self.skip.is_some())
+            .field("allow", &self.allow)
+            .field("deny", &self.deny)
+            .field("client_ip", &self.client_ip)
+            .finish()
+    }
+}
+
+/// Parses address blocks (`10.0.0.0/8`, `2001:db8::/32`, a single address).
+pub(crate) fn blocks<I, S>(cidrs: I) -> Result<Vec<Cidr>, ConfigError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    cidrs.into_iter().map(|s| Cidr::parse(s.as_ref())).collect()
+}
+
+impl Access {
+    pub(crate) fn allow(&mut self, blocks: Vec<Cidr>) {
+        self.allow.extend(blocks);
+    }
+
+    pub(crate) fn deny(&mut self, blocks: Vec<Cidr>) {
+        self.deny.extend(blocks);
+    }
+
+    /// Denied first (a denied client is denied everywhere), then skipped, then allowed.
+    #[inline]
+    pub(crate) fn screen<B>(&self, req: &Request<B>) -> Screen {
+        let ip = if self.allow.is_empty() && self.deny.is_empty() {
+            None
+        } else {
+            self.client(req)
+        };
+        if let Some(ip) = ip {
+            if self.deny.iter().any(|c| c.contains(ip)) {
+                return Screen::Deny;
+            }
+        }
+        if let Some(skip) = &self.skip {
+            if skip(&RequestHead::of(req)) {
+                return Screen::Exempt;
+            }
+        }
+        match ip {
+            Some(ip) if self.allow.iter().any(|c| c.contains(ip)) => Screen::Exempt,
+            _ => Screen::Limit,
+        }
+    }
+
+    fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
+        match &self.client_ip {
+            Some(c) => c.client(req),
+            None => peer_addr(req).map(|a| a.ip().to_canonical()),
+        }
+    }
+}
