@@ -17,7 +17,7 @@ use std::{
 use redis_support::RedisServer;
 use tollgate::{
     decision::Source,
-    store::{LocalFirstStore, RedisConnection, RedisStore},
+    store::{LocalFirstStore, RedisConnection, RedisStore, Store},
     Limit, Quota,
 };
 
@@ -216,4 +216,49 @@ fn local_first_runs_on_the_store_clock() {
     );
     clock.advance(Duration::from_millis(1));
     assert!(b.check_local("k", 1).is_allowed());
+}
+
+#[test]
+fn settles_bans_and_resets_apply_here_at_once_and_reach_redis() {
+    let Some((server, rt, conn)) = connected() else {
+        return;
+    };
+    let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
+    let store = LocalFirstStore::new(limit, conn, INTERVAL).unwrap();
+    let policy = store.policy().clone();
+    let key = "settled".to_string();
+    let peek = |s: &LocalFirstStore, cost: u64| {
+        rt.block_on(Store::preview(s, &key, &policy, cost)).unwrap()
+    };
+    let remaining = |s: &LocalFirstStore| peek(s, 0).limits()[0].remaining();
+    // Reserved 5, used 1: 4 back. Reserved 1, used 4: 3 more.
+    assert!(store.check_local(&key, 5).is_allowed());
+    rt.block_on(Store::settle(&store, &key, &policy, 5, 1))
+        .unwrap();
+    assert_eq!(remaining(&store), 9);
+    rt.block_on(Store::settle(&store, &key, &policy, 1, 4))
+        .unwrap();
+    assert_eq!(remaining(&store), 6);
+    // Pushed to Redis with the next round: another instance sees 4 spent.
+    rt.block_on(store.sync()).unwrap();
+    let conn2 = rt
+        .block_on(RedisConnection::connect(&server.url()))
+        .unwrap();
+    let other = LocalFirstStore::new(policy.clone(), conn2, INTERVAL).unwrap();
+    let _ = other.check_local(&key, 0);
+    rt.block_on(other.sync()).unwrap();
+    assert_eq!(remaining(&other), 6);
+    // A ban: here at once, and in Redis for the other instance's next round.
+    rt.block_on(Store::ban(&store, &key, &policy, Duration::from_secs(7200)))
+        .unwrap();
+    assert!(peek(&store, 1).retry_after() > Some(Duration::from_secs(7000)));
+    let _ = other.check_local(&key, 0);
+    rt.block_on(other.sync()).unwrap();
+    assert!(peek(&other, 1).retry_after() > Some(Duration::from_secs(7000)));
+    // A reset: gone here and in Redis.
+    rt.block_on(Store::reset(&store, &key)).unwrap();
+    assert_eq!(remaining(&store), 10);
+    let _ = other.check_local(&key, 0);
+    rt.block_on(other.sync()).unwrap();
+    assert_eq!(remaining(&other), 10);
 }

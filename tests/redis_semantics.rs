@@ -80,6 +80,48 @@ fn boundaries_match() {
     });
 }
 
+/// Regression: a state in debt (a cost settled above its estimate, a sync) made both
+/// scripts refuse a cost of 0, which the in-memory store admits (the client then read the
+/// fast script's refusal as a bad reply and fell back); and a sync capped a ban's longer
+/// debt down to two buckets.
+#[test]
+fn costs_of_zero_and_syncs_on_a_state_in_debt_match_memory() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let t0 = 1_755_000_000_123_456u64;
+        let meter: Policy = "1/ms meter".parse().unwrap();
+        let two: Policy = "1/ms, 2/ms".parse().unwrap();
+        // Settled 2 above the estimate (op 10 with cost 1), then looked at with cost 0.
+        compare(&conn, &[meter.clone()], t0, &[(0, 1, 10, 0), (0, 0, 0, 0)])
+            .await
+            .unwrap();
+        compare(
+            &conn,
+            &[two],
+            t0,
+            &[(0, 1, 10, 0), (0, 0, 0, 0), (0, 0, 7, 0)],
+        )
+        .await
+        .unwrap();
+        // Banned for 17 ms (op 13 with cost 10), then charged over the estimate.
+        compare(
+            &conn,
+            &[meter],
+            t0,
+            &[
+                (0, 10, 13, 0),
+                (0, 1, 10, 0),
+                (0, 1, 0, 0),
+                (16_000, 1, 0, 0),
+            ],
+        )
+        .await
+        .unwrap();
+    });
+}
+
 #[test]
 fn refuses_quotas_it_cannot_decide_exactly() {
     // No server needed: the policy is checked when the store is built.

@@ -408,7 +408,8 @@ if mode == 3 then
     if l.k == 1 then
       local f = l.fill + cost * l.t
       if f > 2 * l.cap then f = 2 * l.cap end
-      l.fill = f
+      -- The charge is capped, not a longer debt already there (a ban).
+      if f > l.fill then l.fill = f end
     elseif l.k == 2 then
       local count = 0
       if s[l.off] == l.tag then count = s[l.off + 1] end
