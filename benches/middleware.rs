@@ -25,7 +25,11 @@
 //! a [`MemoryStore`] with the opt-in TSC clock instead of the default store, which follows
 //! tokio's clock (so paused-time tests drive it). `headers-floor` has no limiter
 //! on the tollgate side: only the two IETF fields added to every response, the cheapest
-//! way `http` allows, to show what sending them costs by itself.
+//! way `http` allows, to show what sending them costs by itself. `exempt/skip` and
+//! `exempt/allow-ips` never limit a request (a skip predicate matches every request; every
+//! peer is on the allow list); `allowed/counted` counts a request only by its response
+//! (`count_when`, never true here: each request is charged, then refunded). Their
+//! tower_governor column is its `allowed`.
 //!
 //! `TOLLGATE_PROFILE=<row> [TOLLGATE_PROFILE_WHO=baseline|tollgate|tower_governor]
 //! [TOLLGATE_PROFILE_N=1000000]` runs one contender's batch of that row only, for
@@ -169,6 +173,9 @@ enum Row {
     AllowedTscStore,
     Refused,
     HeadersFloor,
+    ExemptSkip,
+    ExemptIps,
+    AllowedCounted,
 }
 
 fn baseline() -> Batch {
@@ -223,6 +230,35 @@ fn tollgate(row: Row) -> Batch {
             );
             b(256); // every address spends its unit
             return b;
+        }
+        Row::ExemptSkip | Row::ExemptIps => {
+            // Never limited: every request skipped by a predicate, or every peer on the
+            // allow list (256 addresses in 10.0.0.0/24).
+            let builder = builder.token_bucket(quota);
+            let builder = if row == Row::ExemptSkip {
+                builder.skip(|head| head.uri().path() == "/")
+            } else {
+                builder.allow_ips(["10.0.0.0/8"])
+            };
+            return batch(
+                ServiceBuilder::new()
+                    .layer(builder.build().unwrap())
+                    .service_fn(hello),
+                StatusCode::OK,
+            );
+        }
+        Row::AllowedCounted => {
+            // Counted only when the response says so (never here): each request is charged
+            // when admitted and refunded from its response.
+            let layer = builder
+                .token_bucket(quota)
+                .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
+                .build()
+                .unwrap();
+            return batch(
+                ServiceBuilder::new().layer(layer).service_fn(hello),
+                StatusCode::OK,
+            );
         }
         #[cfg(feature = "metrics")]
         Row::AllowedMetrics => {
@@ -294,6 +330,9 @@ const ROWS: &[(&str, Row)] = &[
     #[cfg(feature = "tsc")]
     ("allowed/tsc-store", Row::AllowedTscStore),
     ("headers-floor", Row::HeadersFloor),
+    ("exempt/skip", Row::ExemptSkip),
+    ("exempt/allow-ips", Row::ExemptIps),
+    ("allowed/counted", Row::AllowedCounted),
 ];
 
 const LABELS: [&str; 3] = ["baseline", "tollgate", "tower_governor"];

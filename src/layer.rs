@@ -586,7 +586,7 @@ impl<X, C> Builder<X, C> {
     /// let tokens = RateLimitLayer::builder()
     ///     .key(HeaderKey::new("x-api-key")?)
     ///     .policy("100000/min")
-    ///     .cost(cost_fn(|_: &http::Request<_>| 500))
+    ///     .cost(cost_fn(|_: &http::Request<axum::body::Body>| 500))
     ///     .settle_cost(|res| res.header_u64("x-tokens-used"))
     ///     .build()?;
     /// # Ok::<(), tollgate::ConfigError>(())
