@@ -23,6 +23,8 @@ pub(crate) struct Access {
     deny: Vec<Cidr>,
     /// Where the client's address comes from: the connection's peer by default.
     pub(crate) client_ip: Option<ClientIp>,
+    /// Whether any rule is set (the common case, none, is one test).
+    active: bool,
 }
 
 impl fmt::Debug for Access {
@@ -46,6 +48,12 @@ where
 }
 
 impl Access {
+    /// The rules as given, ready to screen requests.
+    pub(crate) fn finish(mut self) -> Self {
+        self.active = self.skip.is_some() || !self.allow.is_empty() || !self.deny.is_empty();
+        self
+    }
+
     pub(crate) fn allow(&mut self, blocks: Vec<Cidr>) {
         self.allow.extend(blocks);
     }
@@ -57,6 +65,14 @@ impl Access {
     /// Denied first (a denied client is denied everywhere), then skipped, then allowed.
     #[inline]
     pub(crate) fn screen<B>(&self, req: &Request<B>) -> Screen {
+        if !self.active {
+            return Screen::Limit;
+        }
+        self.rules(req)
+    }
+
+    #[cold]
+    fn rules<B>(&self, req: &Request<B>) -> Screen {
         let ip = if self.allow.is_empty() && self.deny.is_empty() {
             None
         } else {

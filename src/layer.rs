@@ -634,7 +634,7 @@ impl<X, C> Builder<X, C> {
             expose: self.cfg.expose,
             shadow_header: self.cfg.shadow_header,
             hook: self.cfg.hook,
-            access: self.cfg.access,
+            access: self.cfg.access.finish(),
             settle: self.cfg.settle,
         };
         let limiter = Limiter::new::<K>(self.key, self.cost, store, flavour, set, self.cfg.core)?;

@@ -26,7 +26,8 @@ use crate::{
     limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     response::{
-        plain, Answers, DebugRule, Fields, Pending, RateLimitBody, ResponseHead, ResponseHeaders,
+        plain, Answers, DebugRule, Extra, Fields, Pending, RateLimitBody, ResponseHead,
+        ResponseHeaders,
     },
     store::Store,
 };
@@ -51,6 +52,31 @@ impl Prepare for Http {
 }
 
 impl Http {
+    /// Hook headers, the shadow header and the cost to settle: what few admissions carry.
+    #[cold]
+    fn rare<B>(
+        &self,
+        req: &Request<B>,
+        v: &Verdict<'_, Fields>,
+        settle: Option<Settlement>,
+        headers: &mut ResponseHeaders,
+    ) {
+        let d = v.decision;
+        let mut extra = self.hook(req, v).unwrap_or_default();
+        if let (true, Some(name)) = (d.shadowed(), &self.shadow_header) {
+            extra.insert(name.clone(), v.prepared.shadow_value(d));
+        }
+        let settle = settle
+            .zip(self.settle.clone())
+            .map(|(settlement, rule)| Pending { settlement, rule });
+        if !extra.is_empty() || settle.is_some() {
+            headers.extra = Some(Box::new(Extra {
+                headers: extra,
+                settle,
+            }));
+        }
+    }
+
     /// Runs the decision hook; what it inserts goes to the response.
     fn hook<B>(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Option<HeaderMap> {
         let hook = self.hook.as_ref()?;
@@ -73,13 +99,16 @@ impl<B> Flavour<Request<B>> for Http {
         let mut r = v.prepared.refusal(&self.answers, v.decision, v.shadow_mask);
         if let Some(extra) = self.hook(req, v) {
             let mut headers = ResponseHeaders::default();
-            headers.extra = Some(Box::new(extra));
+            headers.extra = Some(Box::new(Extra {
+                headers: extra,
+                settle: None,
+            }));
             headers.apply(r.headers_mut());
         }
         Box::new(r)
     }
 
-    #[inline]
+    #[inline(always)]
     fn admit(
         &self,
         req: &mut Request<B>,
@@ -88,20 +117,9 @@ impl<B> Flavour<Request<B>> for Http {
     ) -> ResponseHeaders {
         let d = v.decision;
         let mut headers = v.prepared.headers(&self.answers, d, v.shadow_mask);
-        if let (Some(settlement), Some(rule)) = (settle, &self.settle) {
-            headers.settle = Some(Box::new(Pending {
-                settlement,
-                rule: rule.clone(),
-            }));
-        }
-        if self.hook.is_some() || (d.shadowed() && self.shadow_header.is_some()) {
-            let mut extra = self.hook(req, v).unwrap_or_default();
-            if let (true, Some(name)) = (d.shadowed(), &self.shadow_header) {
-                extra.insert(name.clone(), v.prepared.shadow_value(d));
-            }
-            if !extra.is_empty() {
-                headers.extra = Some(Box::new(extra));
-            }
+        if settle.is_some() || self.hook.is_some() || (d.shadowed() && self.shadow_header.is_some())
+        {
+            self.rare(req, v, settle, &mut headers);
         }
         if self.expose || d.shadowed() {
             req.extensions_mut().insert(*d);
@@ -211,7 +229,7 @@ where
             Finished::Inner(Ok(response), extra) => {
                 let mut response = response.map(RateLimitBody::inner);
                 if let Some(mut h) = extra {
-                    if let Some(pending) = h.settle.take() {
+                    if let Some(pending) = h.extra.as_mut().and_then(|x| x.settle.take()) {
                         pending.settle(&ResponseHead::of(&response));
                     }
                     h.apply(response.headers_mut());

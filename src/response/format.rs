@@ -117,10 +117,17 @@ pub(crate) struct ResponseHeaders {
     rate_limit: Option<HeaderValue>,
     policy: Option<HeaderValue>,
     legacy: Option<Box<[HeaderValue; 3]>>,
+    /// What few responses carry, in one box so the common case stays small.
+    pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// The rarer parts of [`ResponseHeaders`].
+#[derive(Debug, Default)]
+pub(crate) struct Extra {
     /// Headers a decision hook added, and the shadow header.
-    pub(crate) extra: Option<Box<HeaderMap>>,
+    pub(crate) headers: HeaderMap,
     /// The request's cost, to settle from the response.
-    pub(crate) settle: Option<Box<Pending>>,
+    pub(crate) settle: Option<Pending>,
 }
 
 /// How the HTTP layer settles a cost from a response: the real cost, given the response
@@ -174,15 +181,22 @@ impl ResponseHeaders {
             }
         }
         if let Some(extra) = self.extra {
-            let mut last = None;
-            for (name, value) in *extra {
-                // A name comes with its first value only.
-                if let Some(n) = name {
-                    last = Some(n);
-                }
-                if let Some(n) = &last {
-                    headers.append(n.clone(), value);
-                }
+            extra.apply(headers);
+        }
+    }
+}
+
+impl Extra {
+    /// Adds the hook's and the shadow headers.
+    fn apply(self, headers: &mut HeaderMap) {
+        let mut last = None;
+        for (name, value) in self.headers {
+            // A name comes with its first value only.
+            if let Some(n) = name {
+                last = Some(n);
+            }
+            if let Some(n) = &last {
+                headers.append(n.clone(), value);
             }
         }
     }

@@ -17,6 +17,8 @@ mod format;
 mod head;
 
 pub use body::RateLimitBody;
-pub(crate) use format::{plain, Answers, DebugRule, Fields, Pending, ResponseHeaders, SettleRule};
+pub(crate) use format::{
+    plain, Answers, DebugRule, Extra, Fields, Pending, ResponseHeaders, SettleRule,
+};
 pub use format::{refusal, retry_after_secs, Rejection};
 pub use head::ResponseHead;
