@@ -94,9 +94,14 @@ fn costs_of_zero_and_syncs_on_a_state_in_debt_match_memory() {
         let meter: Policy = "1/ms meter".parse().unwrap();
         let two: Policy = "1/ms, 2/ms".parse().unwrap();
         // Settled 2 above the estimate (op 10 with cost 1), then looked at with cost 0.
-        compare(&conn, &[meter.clone()], t0, &[(0, 1, 10, 0), (0, 0, 0, 0)])
-            .await
-            .unwrap();
+        compare(
+            &conn,
+            std::slice::from_ref(&meter),
+            t0,
+            &[(0, 1, 10, 0), (0, 0, 0, 0)],
+        )
+        .await
+        .unwrap();
         compare(
             &conn,
             &[two],
