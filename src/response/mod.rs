@@ -16,5 +16,8 @@ mod body;
 mod format;
 
 pub use body::RateLimitBody;
-pub(crate) use format::{plain, Answers, Fields, ResponseHeaders};
+pub(crate) use format::{
+    plain, problem_body, sf_string, shared_value, Answers, Fields, ResponseHeaders, NO_STORE,
+    PROBLEM_JSON, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
+};
 pub use format::{refusal, retry_after_secs, Rejection};
