@@ -546,3 +546,223 @@ async fn end_to_end_on_axum_with_peer_ips() {
     assert_eq!(got.body, "csv");
     assert_eq!(got.header("ratelimit"), Some("\"inflight\";r=0"));
 }
+
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_support;
+
+#[cfg(feature = "redis")]
+mod on_redis {
+    use std::sync::atomic::AtomicU32;
+
+    use tollgate::{inflight::RedisInFlight, limiter::OnStoreError, store::RedisConnection};
+
+    use super::*;
+    use crate::redis_support::{RedisServer, Target};
+
+    type Layer = InFlightLimitLayer<HeaderKey, RedisInFlight>;
+
+    /// A namespace of its own for each test, so tests can share an external server.
+    fn namespace() -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "inflight-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    async fn store(url: &str, ns: &str, ttl: Duration) -> RedisInFlight {
+        RedisInFlight::builder()
+            .namespace(ns)
+            .lease_ttl(ttl)
+            .deadline(Duration::from_millis(500))
+            .build(RedisConnection::connect(url).await.unwrap())
+            .unwrap()
+    }
+
+    fn layer(store: RedisInFlight, max: u32) -> Layer {
+        InFlightLimitLayer::builder(HeaderKey::new("x-api-key").unwrap(), max)
+            .build_with(store)
+            .unwrap()
+    }
+
+    fn service(
+        layer: Layer,
+    ) -> impl Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible, Future: Send>
+           + Clone {
+        ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: Req| async { Ok::<_, Infallible>(Response::new(Body::from("x"))) })
+    }
+
+    /// Waits (real time, Redis keeps its own clock) until `key` has `n` live leases.
+    async fn until_in_flight(store: &RedisInFlight, key: &str, n: u32, within: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            let now = store.in_flight(key).await.unwrap();
+            if now == n {
+                return;
+            }
+            assert!(
+                start.elapsed() < within,
+                "{now} leases in flight after {:?}, expected {n}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_instances_share_the_limit() {
+        let Some(redis) = Target::get() else { return };
+        let ns = namespace();
+        let ttl = Duration::from_secs(30);
+        let (a, b) = (
+            store(&redis.url(), &ns, ttl).await,
+            store(&redis.url(), &ns, ttl).await,
+        );
+        let (sa, sb) = (service(layer(a.clone(), 2)), service(layer(b.clone(), 2)));
+        let r1 = sa.clone().oneshot(keyed("k")).await.unwrap();
+        assert_eq!(r1.status(), StatusCode::OK);
+        assert_eq!(header(&r1, "ratelimit"), ["\"inflight\";r=1"]);
+        let r2 = sb.clone().oneshot(keyed("k")).await.unwrap();
+        assert_eq!(r2.status(), StatusCode::OK);
+        assert_eq!(header(&r2, "ratelimit"), ["\"inflight\";r=0"]);
+        for svc in [&sa, &sb] {
+            let r = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                header(&r, "ratelimit-policy"),
+                ["\"inflight\";q=2;qu=\"concurrent-requests\""]
+            );
+        }
+        // Other keys are independent.
+        let other = sb.clone().oneshot(keyed("k2")).await.unwrap();
+        assert_eq!(other.status(), StatusCode::OK);
+        assert_eq!(a.in_flight("k").await.unwrap(), 2);
+        assert_eq!((a.held(), b.held()), (1, 2));
+        // Instance A's response ends: its lease goes back, and B may use the slot.
+        assert_eq!(body_text(r1).await, "x");
+        until_in_flight(&b, "k", 1, Duration::from_secs(2)).await;
+        let r3 = sb.clone().oneshot(keyed("k")).await.unwrap();
+        assert_eq!(r3.status(), StatusCode::OK);
+        drop((r2, r3, other));
+        until_in_flight(&a, "k", 0, Duration::from_secs(2)).await;
+        assert_eq!((a.held(), b.held()), (0, 0));
+    }
+
+    #[test]
+    fn a_killed_instance_has_its_leases_back_within_the_ttl() {
+        let Some(redis) = Target::get() else { return };
+        let (url, ns) = (redis.url(), namespace());
+        let ttl = Duration::from_secs(1);
+        // The doomed instance takes 2 of the 3 slots on its own runtime, then dies: its
+        // runtime goes, and with it the renewal task; its responses are never dropped.
+        let doomed = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        doomed.block_on(async {
+            let svc = service(layer(store(&url, &ns, ttl).await, 3));
+            for _ in 0..2 {
+                let r = svc.clone().oneshot(keyed("k")).await.unwrap();
+                assert_eq!(r.status(), StatusCode::OK);
+                std::mem::forget(r);
+            }
+        });
+        let died = std::time::Instant::now();
+        drop(doomed);
+        let live = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        live.block_on(async {
+            let store = store(&url, &ns, ttl).await;
+            let svc = service(layer(store.clone(), 3));
+            let held = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(held.status(), StatusCode::OK);
+            let r = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            // The dead instance's leases expire within one TTL of its last renewal.
+            until_in_flight(&store, "k", 1, ttl + Duration::from_millis(500)).await;
+            assert!(died.elapsed() <= ttl + Duration::from_millis(500));
+            // The live lease is renewed past its TTL, again and again.
+            tokio::time::sleep(ttl * 3).await;
+            assert_eq!(store.in_flight("k").await.unwrap(), 1);
+            let two: Vec<_> = futures_keyed(&svc, "k", 2).await;
+            assert!(two.iter().all(|r| r.status() == StatusCode::OK));
+            let r = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            drop((held, two));
+            until_in_flight(&store, "k", 0, Duration::from_secs(2)).await;
+        });
+    }
+
+    async fn futures_keyed<S>(svc: &S, key: &str, n: usize) -> Vec<Response<InFlightBody<Body>>>
+    where
+        S: Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible> + Clone,
+    {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(svc.clone().oneshot(keyed(key)).await.unwrap());
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_request_gets_the_slot_given_back_on_another_instance() {
+        let Some(redis) = Target::get() else { return };
+        let ns = namespace();
+        let ttl = Duration::from_secs(30);
+        let a = store(&redis.url(), &ns, ttl).await;
+        let b = store(&redis.url(), &ns, ttl).await;
+        let sa = service(layer(a, 1));
+        let queued = InFlightLimitLayer::builder(HeaderKey::new("x-api-key").unwrap(), 1)
+            .queue(1)
+            .max_wait(Duration::from_secs(5))
+            .build_with(b)
+            .unwrap();
+        let sb = service(queued);
+        let holder = sa.clone().oneshot(keyed("k")).await.unwrap();
+        let waiting = tokio::spawn(sb.clone().oneshot(keyed("k")));
+        // The queue on this instance holds one: a second waiter is refused at once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = sb.clone().oneshot(keyed("k")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!waiting.is_finished());
+        drop(holder);
+        let r = waiting.await.unwrap().unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_store_fails_open_or_closed() {
+        let Some(mut server) = RedisServer::start() else {
+            return;
+        };
+        let ns = namespace();
+        let store = RedisInFlight::builder()
+            .namespace(&ns)
+            .deadline(Duration::from_millis(50))
+            .build(RedisConnection::connect(&server.url()).await.unwrap())
+            .unwrap();
+        server.kill();
+        let open = service(layer(store.clone(), 1));
+        for _ in 0..2 {
+            let r = open.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            assert!(header(&r, "ratelimit").is_empty());
+        }
+        let closed = service(
+            InFlightLimitLayer::builder(HeaderKey::new("x-api-key").unwrap(), 1)
+                .on_store_error(OnStoreError::FailClosed)
+                .build_with(store)
+                .unwrap(),
+        );
+        let r = closed.oneshot(keyed("k")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&r, "content-type"), ["application/problem+json"]);
+    }
+}
