@@ -113,7 +113,7 @@ where
     X: KeyExtractor<Request<()>>,
     X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    /// A layer limiting each key of `key` to `policy` (a [`Limit`], a [`Policy`], or a
+    /// A layer limiting each key of `key` to `policy` (a [`Limit`], a [`Policy`](crate::Policy), or a
     /// whole [`PolicySet`]), in memory, with the defaults of [`RateLimitLayer::builder`].
     /// Both are already validated, so this cannot fail.
     ///
