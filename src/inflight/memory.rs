@@ -363,3 +363,91 @@ impl<K: Hash + Eq + Send + Sync + 'static> Backend<K> for MemoryInFlight<K> {
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static> InFlightStore<K> for MemoryInFlight<K> {}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max: 1,
+        queue: 2,
+        max_wait: Duration::from_secs(60),
+    };
+
+    fn now(a: Attempt) -> Outcome {
+        match a {
+            Attempt::Now(o) => o,
+            Attempt::Later(_) => panic!("queued"),
+        }
+    }
+
+    fn later(a: Attempt) -> Acquiring {
+        match a {
+            Attempt::Later(w) => w,
+            Attempt::Now(o) => panic!("decided at once: {o:?}"),
+        }
+    }
+
+    /// Whether `w` is still waiting (paused time: the probe's timer fires at once).
+    async fn pending(w: &mut Acquiring) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), w)
+            .await
+            .is_err()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_goes_to_the_oldest_waiter_and_the_entry_goes_last() {
+        let store = MemoryInFlight::<&str>::new();
+        let Outcome::Admitted { permit, remaining } = now(store.acquire(Some("k"), &LIMITS)) else {
+            panic!("a free slot")
+        };
+        assert_eq!(remaining, 0);
+        let mut w1 = later(store.acquire(Some("k"), &LIMITS));
+        let mut w2 = later(store.acquire(Some("k"), &LIMITS));
+        assert!(matches!(
+            now(store.acquire(Some("k"), &LIMITS)),
+            Outcome::Full
+        ));
+        assert!(pending(&mut w1).await && pending(&mut w2).await);
+        drop(permit);
+        assert!(pending(&mut w2).await);
+        let Outcome::Admitted { permit, .. } = (&mut w1).await else {
+            panic!("handed over")
+        };
+        drop(permit);
+        let Outcome::Admitted { permit, .. } = w2.await else {
+            panic!("handed over")
+        };
+        assert_eq!(store.len(), 1);
+        drop(permit);
+        assert!(store.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_keys_leaves_nothing_behind() {
+        let store = MemoryInFlight::<u32>::new();
+        // Enough keys for every shard (at most 256) to pass 64 entries.
+        let permits: Vec<_> = (0..100_000)
+            .map(|k| now(store.acquire(Some(k), &LIMITS)))
+            .collect();
+        assert_eq!(store.len(), 100_000);
+        drop(permits);
+        assert!(store.is_empty());
+        let capacity: usize = store
+            .table
+            .shards
+            .iter()
+            .map(|s| lock(s).entries.capacity())
+            .sum();
+        assert_eq!(capacity, 0, "the shards gave their memory back");
+    }
+
+    #[test]
+    fn slots_round_trip() {
+        for (s, e) in [(0, 0), (255, u32::MAX), (7, 42)] {
+            assert_eq!(unslot(slot(s, e)), (s, e as usize));
+        }
+    }
+}

@@ -30,6 +30,35 @@
 //! chooses the key; requests without one follow [`MissingKey`](crate::limiter::MissingKey)
 //! ([`InFlightLimitBuilder::on_missing_key`]; by default they share one set of slots).
 //!
+//! ```
+//! use std::convert::Infallible;
+//! use axum::body::Body;
+//! use http::{Request, Response};
+//! use tollgate::{key::Global, InFlightLimitLayer};
+//! use tower::{ServiceBuilder, ServiceExt};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! let svc = ServiceBuilder::new()
+//!     .layer(InFlightLimitLayer::new(Global::new(), 1))
+//!     .service_fn(|_: Request<Body>| async {
+//!         Ok::<_, Infallible>(Response::new(Body::from("report")))
+//!     });
+//! let get = || Request::new(Body::empty());
+//!
+//! let first = svc.clone().oneshot(get()).await?;
+//! assert_eq!(first.headers()["ratelimit"], "\"inflight\";r=0");
+//! // The first response's body has not ended: its request is still in flight.
+//! let second = svc.clone().oneshot(get()).await?;
+//! assert_eq!(second.status(), 429);
+//! assert_eq!(second.headers()["retry-after"], "1");
+//!
+//! drop(first); // the client went away: the slot is back
+//! assert_eq!(svc.clone().oneshot(get()).await?.status(), 200);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Queueing
 //!
 //! By default a request over the limit is refused at once. With

@@ -90,7 +90,7 @@ fn settle(
     match outcome {
         Outcome::Admitted { permit, remaining } => Ok(Admitted::slot(permit, remaining, answers)),
         Outcome::Full => {
-            tracing::debug!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
+            tracing::info!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
             Err(Box::new(answers.refusal()))
         }
         Outcome::Failed(e) => failed(&e, on_error),
