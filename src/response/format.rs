@@ -13,15 +13,16 @@ use http::{
 use super::ResponseHead;
 use crate::{decision::Outcome, limiter::Settlement, Decision, Policy};
 
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
-const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
-const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+pub(crate) const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// A custom rejection: builds the refusal from the decision. The middleware still adds
 /// `Retry-After` and the `RateLimit` fields when the closure did not set them.
@@ -203,7 +204,7 @@ impl Extra {
 }
 
 /// A header value from formatted bytes whose clones share one allocation.
-fn shared_value(bytes: Vec<u8>) -> HeaderValue {
+pub(crate) fn shared_value(bytes: Vec<u8>) -> HeaderValue {
     let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
         .unwrap_or_else(|_| HeaderValue::from_static(""));
     // The first clone of bytes taken from a `Vec` allocates their shared counter: pay it
@@ -222,7 +223,7 @@ fn json_escape(s: &str, out: &mut String) {
     }
 }
 
-fn sf_string(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     for b in s.bytes() {
         if b == b'"' || b == b'\\' {
@@ -290,7 +291,7 @@ fn push_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
-fn problem_body(
+pub(crate) fn problem_body(
     status: u16,
     title: &str,
     detail: &str,

@@ -15,7 +15,7 @@ fn raw_ok(b: u8) -> bool {
 }
 
 /// Checks a namespace: non-empty printable ASCII without braces or spaces.
-pub(super) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     if ns.is_empty()
         || ns.len() > 128
         || !ns
@@ -37,7 +37,7 @@ pub(super) fn prefix(namespace: &str) -> Vec<u8> {
 
 /// The full Redis key of `key` under `prefix`: hashed, or in `readable` mode as it is when
 /// it is short and printable.
-pub(super) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: bool) -> Vec<u8> {
+pub(crate) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 44);
     out.extend_from_slice(prefix);
     let start = out.len();

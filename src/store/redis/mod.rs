@@ -102,7 +102,7 @@
 
 mod breaker;
 mod failure;
-mod keys;
+pub(crate) mod keys;
 mod local_first;
 mod negative;
 mod script;

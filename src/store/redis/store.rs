@@ -93,7 +93,6 @@ impl RedisConnection {
 impl RedisConnection {
     /// Runs `script` (`EVALSHA`, loaded again after `NOSCRIPT`) on `keys` with `args`, for
     /// the crate's other Redis-backed parts (the in-flight leases), replying with integers.
-    #[allow(dead_code)] // the in-flight leases use it
     pub(crate) async fn eval_script(
         &self,
         script: &'static redis::Script,

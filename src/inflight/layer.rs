@@ -1,0 +1,216 @@
+//! [`InFlightLimitLayer`] and its [`InFlightLimitBuilder`]. One layer value is one limit,
+//! shared by every clone and every route it is applied to.
+
+use std::{
+    fmt,
+    hash::Hash,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use http::Request;
+use tower_layer::Layer;
+
+use super::{answer::Answers, memory::MemoryInFlight, service::InFlightLimit, store::Limits};
+use crate::{
+    error::ConfigError,
+    key::{Global, KeyExtractor},
+    limiter::{MissingKey, OnStoreError},
+};
+
+/// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
+/// says otherwise.
+pub(crate) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
+/// What every service of one layer shares.
+pub(crate) struct Shared<X, St> {
+    pub(crate) key: X,
+    pub(crate) store: St,
+    pub(crate) limits: Limits,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+    pub(crate) answers: Arc<Answers>,
+    /// Whether the extractor's misconfiguration was logged already (once per layer).
+    pub(crate) warned: AtomicBool,
+}
+
+/// Limits how many requests of each key are in flight at once: `.layer(InFlightLimitLayer::new(..))`
+/// on an axum `Router`, a route, or any tower HTTP service. See the
+/// [module docs](super) for the guide.
+///
+/// One layer value is one limit: every service it makes (axum calls `layer` once per
+/// route, and clones services freely) shares the same counts. Type parameters: `X` the
+/// [`KeyExtractor`], `St` the [`InFlightStore`](super::InFlightStore).
+pub struct InFlightLimitLayer<X = Global, St = MemoryInFlight<()>> {
+    pub(crate) shared: Arc<Shared<X, St>>,
+}
+
+impl<X, St> Clone for InFlightLimitLayer<X, St> {
+    fn clone(&self) -> Self {
+        InFlightLimitLayer {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for InFlightLimitLayer<X, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared;
+        f.debug_struct("InFlightLimitLayer")
+            .field("key", &s.key)
+            .field("max_in_flight", &s.limits.max)
+            .field("queue", &s.limits.queue)
+            .field("max_wait", &s.limits.max_wait)
+            .field("label", &s.answers.label)
+            .field("store", &s.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<X> InFlightLimitLayer<X, MemoryInFlight<<X as KeyExtractor<Request<()>>>::Key>>
+where
+    X: KeyExtractor<Request<()>>,
+    X::Key: Hash + Eq + Send + Sync + 'static,
+{
+    /// At most `max_in_flight` requests of each key of `key` in flight at once, counted
+    /// in memory; a request over the limit is refused at once. A limit of `0` refuses
+    /// every request (a kill switch). Cannot fail; [`InFlightLimitLayer::builder`] sets
+    /// the rest.
+    ///
+    /// ```
+    /// use tollgate::{key::PeerIp, InFlightLimitLayer};
+    ///
+    /// let limit = InFlightLimitLayer::new(PeerIp::new(), 2);
+    /// # let _: axum::Router = axum::Router::new().layer(limit);
+    /// ```
+    pub fn new(key: X, max_in_flight: u32) -> Self {
+        let builder = InFlightLimitBuilder::new(key, max_in_flight);
+        let answers = Answers::new(&builder.label, max_in_flight)
+            .unwrap_or_else(|_| unreachable!("the default label is valid"));
+        builder.finish(MemoryInFlight::new(), answers)
+    }
+}
+
+impl InFlightLimitLayer {
+    /// Starts a builder for a limit of `max_in_flight` requests of each key of `key` in
+    /// flight at once.
+    pub fn builder<X>(key: X, max_in_flight: u32) -> InFlightLimitBuilder<X> {
+        InFlightLimitBuilder::new(key, max_in_flight)
+    }
+}
+
+impl<X, St> InFlightLimitLayer<X, St> {
+    /// The store, for inspection (e.g. [`MemoryInFlight::len`]).
+    pub fn store(&self) -> &St {
+        &self.shared.store
+    }
+}
+
+impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
+    type Service = InFlightLimit<S, X, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Configures an [`InFlightLimitLayer`]; made by [`InFlightLimitLayer::builder`]. Setters
+/// take and return the builder; `build` checks the result.
+///
+/// See the [module docs](super).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct InFlightLimitBuilder<X> {
+    key: X,
+    limits: Limits,
+    missing: MissingKey,
+    on_error: OnStoreError,
+    label: String,
+}
+
+impl<X> InFlightLimitBuilder<X> {
+    fn new(key: X, max: u32) -> Self {
+        InFlightLimitBuilder {
+            key,
+            limits: Limits {
+                max,
+                queue: 0,
+                max_wait: DEFAULT_MAX_WAIT,
+            },
+            missing: MissingKey::default(),
+            on_error: OnStoreError::default(),
+            label: "inflight".into(),
+        }
+    }
+
+    /// Lets up to `len` requests of a key over its limit wait for a slot, first come
+    /// first served (default 0: refused at once). A waiting request whose future is
+    /// dropped (the client left, a timeout) leaves the queue.
+    pub fn queue(mut self, len: u32) -> Self {
+        self.limits.queue = len;
+        self
+    }
+
+    /// The longest a queued request waits for a slot before it is refused (default
+    /// 10 s).
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.limits.max_wait = wait;
+        self
+    }
+
+    /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem body's
+    /// `violated-policies` and events (default `inflight`). Printable ASCII.
+    pub fn label(mut self, label: &str) -> Self {
+        self.label = label.into();
+        self
+    }
+
+    /// What to do with a request without a key (default [`MissingKey::Shared`]: keyless
+    /// requests share one set of slots).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.missing = missing;
+        self
+    }
+
+    /// What to do when a shared store fails (default [`OnStoreError::FailOpen`]: the
+    /// request goes through without a slot). The memory store never fails.
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    fn finish<St>(self, store: St, answers: Answers) -> InFlightLimitLayer<X, St> {
+        InFlightLimitLayer {
+            shared: Arc::new(Shared {
+                key: self.key,
+                store,
+                limits: self.limits,
+                missing: self.missing,
+                on_error: self.on_error,
+                answers: Arc::new(answers),
+                warned: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Builds the layer with the in-memory store. Refuses a label that cannot be sent in
+    /// a header.
+    pub fn build<K>(self) -> Result<InFlightLimitLayer<X, MemoryInFlight<K>>, ConfigError>
+    where
+        X: KeyExtractor<Request<()>, Key = K>,
+        K: Hash + Eq + Send + Sync + 'static,
+    {
+        self.build_with(MemoryInFlight::new())
+    }
+
+    /// Builds the layer on `store`: a `RedisInFlight` (feature `redis`) shared by every
+    /// instance, or a [`MemoryInFlight`] shared with other layers. The store must be an
+    /// [`InFlightStore`](super::InFlightStore) of the extractor's key type for the layer to make services.
+    pub fn build_with<St>(self, store: St) -> Result<InFlightLimitLayer<X, St>, ConfigError> {
+        let answers = Answers::new(&self.label, self.limits.max)?;
+        Ok(self.finish(store, answers))
+    }
+}

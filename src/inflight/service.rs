@@ -1,0 +1,335 @@
+//! [`InFlightLimit`]: the service made by [`InFlightLimitLayer`](super::InFlightLimitLayer),
+//! and its [`ResponseFuture`].
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{atomic::Ordering, Arc},
+    task::{ready, Context, Poll},
+};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::{
+    answer::Answers,
+    body::InFlightBody,
+    layer::Shared,
+    store::{Acquiring, Attempt, InFlightStore, Outcome, Permit},
+};
+use crate::{
+    error::StoreError,
+    future::take_ready,
+    key::KeyExtractor,
+    limiter::{MissingKey, OnStoreError},
+    response::plain,
+};
+
+const POLLED_AFTER_DONE: &str = "tollgate: in-flight response future polled after it completed";
+
+/// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
+/// see the [module docs](super).
+///
+/// It keeps the inner service's error type and answers refusals with a response, so an
+/// axum `Router` stays infallible. `poll_ready` only forwards to the inner service; a slot
+/// is taken in `call`.
+pub struct InFlightLimit<S, X, St> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared<X, St>>,
+}
+
+impl<S: Clone, X, St> Clone for InFlightLimit<S, X, St> {
+    fn clone(&self) -> Self {
+        InFlightLimit {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, X, St> fmt::Debug for InFlightLimit<S, X, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightLimit")
+            .field("inner", &self.inner)
+            .field("max_in_flight", &self.shared.limits.max)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An admitted request: its slot (none when a failed store let it through) and what its
+/// response reports.
+struct Admitted {
+    permit: Option<Permit>,
+    fields: Option<(Arc<Answers>, u32)>,
+}
+
+impl Admitted {
+    fn slot(permit: Permit, remaining: u32, answers: &Arc<Answers>) -> Self {
+        Admitted {
+            permit: Some(permit),
+            fields: Some((Arc::clone(answers), remaining)),
+        }
+    }
+
+    const UNLIMITED: Admitted = Admitted {
+        permit: None,
+        fields: None,
+    };
+}
+
+/// What an outcome means for the request: proceed with its slot, or an early answer.
+fn settle(
+    outcome: Outcome,
+    answers: &Arc<Answers>,
+    on_error: OnStoreError,
+) -> Result<Admitted, Box<Response<Bytes>>> {
+    match outcome {
+        Outcome::Admitted { permit, remaining } => Ok(Admitted::slot(permit, remaining, answers)),
+        Outcome::Full => {
+            tracing::info!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
+            Err(Box::new(answers.refusal()))
+        }
+        Outcome::Failed(e) => failed(&e, on_error),
+    }
+}
+
+#[cold]
+fn failed(e: &StoreError, on_error: OnStoreError) -> Result<Admitted, Box<Response<Bytes>>> {
+    let _ = e;
+    match on_error {
+        OnStoreError::FailClosed => Err(Box::new(plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The in-flight limiter's store is unavailable.",
+        ))),
+        _ => Ok(Admitted::UNLIMITED),
+    }
+}
+
+pin_project! {
+    /// The response future of [`InFlightLimit`]. No allocation when the decision is made
+    /// at once (the in-memory store, a slot free or the queue full).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S, B, S::Future>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateOwned]
+    enum State<S, B, F> {
+        Refused { response: Box<Response<Bytes>> },
+        Waiting { slow: Box<Slow<S, B>> },
+        Calling { #[pin] future: F, admitted: Admitted },
+        Done,
+    }
+}
+
+/// A request waiting for its slot (in a queue, or for a network store), then for the
+/// inner service to be ready.
+struct Slow<S, B> {
+    acquiring: Option<Acquiring>,
+    admitted: Option<Admitted>,
+    svc: S,
+    req: Option<Request<B>>,
+    answers: Arc<Answers>,
+    on_error: OnStoreError,
+}
+
+enum SlowDone<F, E> {
+    Call(F, Admitted),
+    Refuse(Box<Response<Bytes>>),
+    Failed(E),
+}
+
+impl<S, B> Slow<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<SlowDone<S::Future, S::Error>> {
+        if let Some(acquiring) = &mut self.acquiring {
+            let outcome = ready!(Pin::new(acquiring).poll(cx));
+            self.acquiring = None;
+            match settle(outcome, &self.answers, self.on_error) {
+                Ok(admitted) => self.admitted = Some(admitted),
+                Err(response) => return Poll::Ready(SlowDone::Refuse(response)),
+            }
+        }
+        // Readiness may have lapsed while the request waited: ask again. A failure drops
+        // the slot with this state.
+        if let Err(e) = ready!(self.svc.poll_ready(cx)) {
+            return Poll::Ready(SlowDone::Failed(e));
+        }
+        match (self.req.take(), self.admitted.take()) {
+            (Some(req), Some(admitted)) => {
+                Poll::Ready(SlowDone::Call(self.svc.call(req), admitted))
+            }
+            _ => panic!("{POLLED_AFTER_DONE}"),
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Refused { .. } => "Refused",
+            State::Waiting { .. } => "Waiting",
+            State::Calling { .. } => "Calling",
+            State::Done => "Done",
+        };
+        f.debug_tuple("ResponseFuture").field(&state).finish()
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Refused { .. } => {
+                    let StateOwned::Refused { response } = state.project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Refused")
+                    };
+                    return Poll::Ready(Ok((*response).map(InFlightBody::full)));
+                }
+                StateProj::Waiting { slow } => match ready!(slow.poll_slow(cx)) {
+                    SlowDone::Call(future, admitted) => {
+                        state.set(State::Calling { future, admitted })
+                    }
+                    SlowDone::Refuse(response) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Ok((*response).map(InFlightBody::full)));
+                    }
+                    SlowDone::Failed(e) => {
+                        state.set(State::Done);
+                        return Poll::Ready(Err(e));
+                    }
+                },
+                StateProj::Calling { future, .. } => {
+                    let result = ready!(future.poll(cx));
+                    let StateOwned::Calling { admitted, .. } = state.project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Calling")
+                    };
+                    // An error drops the slot here.
+                    let response = result?;
+                    let (mut parts, body) = response.into_parts();
+                    if let Some((answers, remaining)) = &admitted.fields {
+                        answers.apply(&mut parts.headers, *remaining);
+                    }
+                    let body = InFlightBody::inner(body, admitted.permit);
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+                StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
+            }
+        }
+    }
+}
+
+impl<S, X, St> InFlightLimit<S, X, St> {
+    /// A request without a key: logs once per layer when the extractor says why (the
+    /// server is not set up to give it what it needs), then follows `MissingKey`.
+    #[cold]
+    fn keyless<Req>(&self, req: &Req) -> MissingKey
+    where
+        X: KeyExtractor<Req>,
+    {
+        let s = &*self.shared;
+        if !s.warned.load(Ordering::Relaxed) {
+            if let Some(why) = s.key.misconfiguration(req) {
+                if !s.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        target: "tollgate",
+                        limiter = %s.answers.label,
+                        missing_key = ?s.missing,
+                        "in-flight limit key missing: {why} (logged once per layer)"
+                    );
+                }
+            }
+        }
+        s.missing
+    }
+}
+
+impl<S, X, St, B, ResBody> Service<Request<B>> for InFlightLimit<S, X, St>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    X: KeyExtractor<Request<B>>,
+    St: InFlightStore<X::Key>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<InFlightBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let s = &*self.shared;
+        let key = match s.key.extract(&req) {
+            Some(k) => Some(k),
+            None => match self.keyless(&req) {
+                MissingKey::Allow => {
+                    let future = self.inner.call(req);
+                    return ResponseFuture {
+                        state: State::Calling {
+                            future,
+                            admitted: Admitted::UNLIMITED,
+                        },
+                    };
+                }
+                MissingKey::Reject(status) => {
+                    let response = plain(
+                        status,
+                        "No in-flight limit key could be extracted from this request.",
+                    );
+                    return ResponseFuture {
+                        state: State::Refused {
+                            response: Box::new(response),
+                        },
+                    };
+                }
+                _ => None,
+            },
+        };
+        let state = match s.store.acquire(key, &s.limits) {
+            Attempt::Now(outcome) => match settle(outcome, &s.answers, s.on_error) {
+                Ok(admitted) => State::Calling {
+                    future: self.inner.call(req),
+                    admitted,
+                },
+                Err(response) => State::Refused { response },
+            },
+            Attempt::Later(acquiring) => State::Waiting {
+                slow: Box::new(Slow {
+                    acquiring: Some(acquiring),
+                    admitted: None,
+                    svc: take_ready(&mut self.inner),
+                    req: Some(req),
+                    answers: Arc::clone(&s.answers),
+                    on_error: s.on_error,
+                }),
+            },
+        };
+        ResponseFuture { state }
+    }
+}

@@ -1,0 +1,118 @@
+//! What an in-flight store is to the layer: the sealed [`InFlightStore`] trait, the permit
+//! a request holds, and what an attempt to take a slot gives.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use crate::error::StoreError;
+
+/// Where the in-flight counts live: [`MemoryInFlight`](super::MemoryInFlight) (the
+/// default, one process) or, with the feature `redis`, `RedisInFlight` (shared by every
+/// instance). Pass one to [`InFlightLimitBuilder::build_with`](super::InFlightLimitBuilder::build_with).
+///
+/// The trait is sealed: its methods are the layer's business and may change between
+/// releases. See the [module docs](super).
+pub trait InFlightStore<K>: sealed::Backend<K> {}
+
+pub(crate) mod sealed {
+    use super::{Attempt, Limits};
+
+    /// The store's side of the layer's contract.
+    pub trait Backend<K>: Send + Sync + 'static {
+        /// Tries to take a slot for `key` (`None`: the shared slot set of keyless
+        /// requests): at once, or after waiting in the key's queue.
+        fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt;
+    }
+}
+
+/// A layer's limit, as the store applies it.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The most requests of one key in flight at once (0 refuses every request).
+    pub(crate) max: u32,
+    /// The most requests of one key waiting for a slot.
+    pub(crate) queue: u32,
+    /// The longest a request waits for its slot.
+    pub(crate) max_wait: Duration,
+}
+
+/// Gives a slot back when dropped.
+pub(crate) trait Release: Send + Sync + 'static {
+    fn release(&self, slot: u64);
+}
+
+/// A slot held by one request, from its admission until its response body ends or is
+/// dropped: dropping the permit gives the slot back. No allocation: a shared pointer to
+/// the store's state and the slot's index in it.
+pub struct Permit {
+    owner: Arc<dyn Release>,
+    slot: u64,
+}
+
+impl Permit {
+    pub(crate) fn new(owner: Arc<dyn Release>, slot: u64) -> Self {
+        Permit { owner, slot }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.owner.release(self.slot);
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit").field("slot", &self.slot).finish()
+    }
+}
+
+/// What an attempt to take a slot came to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A slot is held (`remaining`: the key's free slots after this one).
+    Admitted { permit: Permit, remaining: u32 },
+    /// Every slot is taken and the queue is full, or the wait ran out.
+    Full,
+    /// The store could not answer (the layer's `OnStoreError` decides).
+    Failed(StoreError),
+}
+
+/// A pending attempt: a request waiting in a key's queue, or a network store's call.
+/// Boxed: only queued requests and network stores take this path.
+pub struct Acquiring(Pin<Box<dyn Future<Output = Outcome> + Send>>);
+
+impl Acquiring {
+    pub(crate) fn new(future: impl Future<Output = Outcome> + Send + 'static) -> Self {
+        Acquiring(Box::pin(future))
+    }
+}
+
+impl fmt::Debug for Acquiring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Acquiring")
+    }
+}
+
+impl Future for Acquiring {
+    type Output = Outcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// The answer to [`sealed::Backend::acquire`].
+#[derive(Debug)]
+pub enum Attempt {
+    /// Decided at once.
+    Now(Outcome),
+    /// Decided later.
+    Later(Acquiring),
+}
