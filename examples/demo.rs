@@ -24,6 +24,9 @@
 //!   per user (the key is read from the body); successes are not counted
 //! - `POST /admin/unban/{user}`: forgets a user's failed logins (an admin route: put it
 //!   behind your own authentication)
+//! - `GET /export`:  at most 2 requests in flight per client IP (the handler takes
+//!   500 ms); a third at once is refused with `429` and
+//!   `RateLimit-Policy: "export";q=2;qu="concurrent-requests"`
 //! - `GET /health`:  never limited, no rate-limit fields
 //! - every route: requests from `127.0.0.66` are denied (`403`), and each client IP gets
 //!   at most 100 per second, burst 200, across the whole site (the `edge` layer)
@@ -53,13 +56,14 @@ use axum::{
     Extension, Json, Router,
 };
 use tollgate::{
+    inflight::{InFlightStore, MemoryInFlight},
     key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead},
     limiter::MissingKey,
     policy::IntoPolicy,
     store::KeyBytes,
     store::MemoryStore,
     store::Store,
-    ConfigError, Decision, Limit, Quota, RateLimitLayer,
+    ConfigError, Decision, InFlightLimitLayer, Limit, Quota, RateLimitLayer,
 };
 
 /// Where limits live: this process, or Redis when `TOLLGATE_REDIS_URL` is set.
@@ -87,6 +91,21 @@ impl Stores {
         })
     }
 
+    /// Where in-flight requests are counted: this process, or leases in Redis.
+    fn in_flight<K>(&self) -> Result<Arc<dyn InFlightStore<K>>, ConfigError>
+    where
+        K: Hash + Eq + Clone + Send + Sync + KeyBytes + 'static,
+    {
+        #[cfg(feature = "redis")]
+        if let Some(conn) = &self.redis {
+            let store = tollgate::inflight::RedisInFlight::builder()
+                .namespace("tollgate-demo")
+                .build(conn.clone())?;
+            return Ok(Arc::new(store));
+        }
+        Ok(Arc::new(MemoryInFlight::new()))
+    }
+
     /// A store for the layer labelled `label`, whose own policy is `policy` (what a layer
     /// given no limit of its own applies). Each layer gets its own store, and on Redis its
     /// own namespace: a key's state is one Redis key under every policy, so layers keyed
@@ -110,6 +129,12 @@ impl Stores {
         // On tokio's clock, named after its layer in metrics.
         Ok(Arc::new(MemoryStore::new(policy).with_label(label)))
     }
+}
+
+/// A slow export: 500 ms of work.
+async fn export() -> &'static str {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    "export: done\n"
 }
 
 /// A `401` must carry `WWW-Authenticate` (RFC 9110); the limiter's refusal of a request
@@ -208,6 +233,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
+    // Slow exports: at most 2 in flight per client IP.
+    let exports = InFlightLimitLayer::builder(PeerIp::new(), 2)
+        .label("export")
+        .build_with(stores.in_flight()?)?;
+
     // Every route: a deny list and a site-wide cap per client IP; health checks exempt.
     let edge = RateLimitLayer::builder()
         .key(PeerIp::new())
@@ -243,6 +273,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
         )
         .route("/admin/unban/{user}", post(unban))
+        .route("/export", get(export).layer(exports))
         .route("/health", get(|| async { "healthy\n" }));
     #[cfg(feature = "metrics")]
     let app = app.route(
@@ -291,6 +322,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  # failed logins: 401 x5, then 429 (successes are not counted):");
     println!("  for i in $(seq 7); do curl -s -o /dev/null -w '%{{http_code}} ' -d '{{\"user\":\"eve\",\"password\":\"guess\"}}' -H 'content-type: application/json' http://{addr}/login; done; echo");
     println!("  curl -X POST http://{addr}/admin/unban/eve");
+    println!("  # at most 2 exports in flight per client: 200 200 429");
+    println!("  for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}}\\n' http://{addr}/export & sleep 0.05; done; wait");
     println!("  curl -i http://{addr}/health   # never limited, no rate-limit fields");
     println!("Requests from 127.0.0.66 are denied with 403 on every route (a deny list): curl -i --interface 127.0.0.66 http://{addr}/token");
     println!();

@@ -20,6 +20,15 @@ use crate::error::StoreError;
 /// releases. See the [module docs](super).
 pub trait InFlightStore<K>: sealed::Backend<K> {}
 
+/// A shared store, or one chosen at run time: `Arc<dyn InFlightStore<K>>`.
+impl<K, S: InFlightStore<K> + ?Sized> InFlightStore<K> for Arc<S> {}
+
+impl<K, S: InFlightStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
+    fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
+        (**self).acquire(key, limits)
+    }
+}
+
 pub(crate) mod sealed {
     use super::{Attempt, Limits};
 
