@@ -67,6 +67,18 @@
 //! carries over to other quotas). [`Limit::shadow`] runs a limit without refusing (and
 //! [`Limit::enforce_percent`] for a share of keys) to watch what it would do first.
 //!
+//! # Counting what matters
+//!
+//! [`Builder::skip`], [`Builder::allow_ips`] and [`Builder::allow_keys`] exempt health
+//! checks and internal callers (never limited, no fields); [`Builder::deny_ips`] and
+//! [`Builder::deny_keys`] answer `403`. [`Builder::count_when`] counts only the responses
+//! that match (failed logins: each request is charged when admitted and refunded from its
+//! response, so concurrent attempts cannot overrun the limit), [`Builder::ban`] bans a key
+//! once a counted response takes its last unit, and [`Builder::settle_cost`] charges or
+//! refunds the difference between an estimated cost and the one the response reports.
+//! [`RateLimitLayer::reset`] forgets a key's state. [`InFlightLimitLayer`] bounds the
+//! requests of each key in flight at once (see [`inflight`]).
+//!
 //! # Responses
 //!
 //! See [`response`]. Every response carries `RateLimit-Policy` and `RateLimit`
