@@ -558,10 +558,10 @@ impl<X, C> Builder<X, C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{key::JsonField, RateLimitLayer};
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
     ///
     /// let logins = RateLimitLayer::builder()
-    ///     .key(JsonField::key())
+    ///     .key(HeaderKey::new("x-user")?)
     ///     .policy("5/15min")
     ///     .count_when(|res| res.status() == 401)
     ///     .ban(Duration::from_secs(3600)) // the 5th failure bans for an hour

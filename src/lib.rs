@@ -204,7 +204,7 @@ pub use service::{RateLimit, ResponseFuture};
 pub const MAX_LIMITS: usize = 4;
 
 /// The README's snippets, compiled and run as doctests.
-#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[cfg(all(doctest, feature = "axum", feature = "json", feature = "redis"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 

@@ -3,6 +3,8 @@
 //! from responses, resets, and queues bounded by their longest wait. On the memory store
 //! here, on a real Redis at the end.
 
+#![cfg(feature = "json")] // the login routes read the user from a JSON body; addresses need `axum`
+
 use std::{
     net::SocketAddr,
     sync::{
