@@ -109,6 +109,7 @@
 //! | metric | kind, unit | attributes |
 //! |---|---|---|
 //! | `tollgate.rate_limit.requests` | counter | `tollgate.limiter`, `tollgate.policy`, `tollgate.result` (`admitted`, `delayed`, `refused`, `shadow_refused`) |
+//! | `tollgate.in_flight.requests` | counter | `tollgate.limiter` (the in-flight layer's label), `tollgate.result` (`admitted`, `refused`, `fail_open`, `fail_closed`) |
 //! | `tollgate.rate_limit.screened` | counter | `tollgate.limiter`, `tollgate.result` (`exempt`: skipped or on an allow list; `denied`: on a deny list) |
 //! | `tollgate.rate_limit.request.time_in_queue` | histogram, seconds | `tollgate.limiter`, `tollgate.policy` |
 //! | `tollgate.rate_limit.degraded_decisions` | counter | `tollgate.limiter`, `tollgate.source` (`negative_cache`, `fallback`, `fail_open`, `fail_closed`) |

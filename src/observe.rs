@@ -29,12 +29,17 @@ pub(crate) struct Observe {
 /// Gives every metric its unit and description (the exporter's `HELP` and unit), in the
 /// recorder installed now; cheap, and repeated at every layer or store build.
 #[cfg(feature = "metrics")]
-fn describe() {
+pub(crate) fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         "tollgate.rate_limit.requests",
         Unit::Count,
         "Rate-limit decisions, by layer, policy and result"
+    );
+    describe_counter!(
+        "tollgate.in_flight.requests",
+        Unit::Count,
+        "In-flight limit decisions, by layer and result"
     );
     describe_counter!(
         "tollgate.rate_limit.screened",

@@ -945,3 +945,120 @@ async fn a_stores_fallback_decisions_warn_once_a_second_and_log_the_others_at_de
         assert!(line.contains(" source=Fallback"), "{line}");
     }
 }
+
+/// Requests never limited and requests denied are counted under the layer's label.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn exempt_and_denied_requests_are_counted() {
+    let rec = Recorder::new();
+    let layer = rec.scope(|| {
+        RateLimitLayer::builder()
+            .key(HeaderKey::new("x-api-key").unwrap())
+            .policy("10/s")
+            .skip(|head| head.uri().path() == "/health")
+            .allow_keys(["internal"])
+            .deny_keys(["leaked"])
+            .label("screened")
+            .build()
+            .unwrap()
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/health", get(|| async { "ok" }))
+        .layer(layer);
+    let send = |path: &str, key: &str| {
+        app.clone().oneshot(
+            Request::get(path)
+                .header("x-api-key", key)
+                .body(Body::empty())
+                .unwrap(),
+        )
+    };
+    assert_eq!(send("/health", "a").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        send("/", "internal").await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send("/", "internal").await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send("/", "leaked").await.unwrap().status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send("/", "customer").await.unwrap().status(),
+        StatusCode::OK
+    );
+    let snap = rec.snapshot();
+    let screened = |result| {
+        snap.counter(
+            "tollgate.rate_limit.screened",
+            &[
+                ("tollgate.limiter", "screened"),
+                ("tollgate.result", result),
+            ],
+        )
+    };
+    assert_eq!((screened("exempt"), screened("denied")), (3, 1));
+    assert_eq!(
+        snap.counter(
+            REQUESTS,
+            &[
+                ("tollgate.limiter", "screened"),
+                ("tollgate.policy", "default"),
+                ("tollgate.result", "admitted")
+            ]
+        ),
+        1
+    );
+}
+
+/// An in-flight limit counts what it admits and refuses, and what a failed store let
+/// through or refused.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn in_flight_decisions_are_counted() {
+    let rec = Recorder::new();
+    let layer = rec.scope(|| {
+        tollgate::InFlightLimitLayer::builder(Global::new(), 1)
+            .label("exports")
+            .build()
+            .unwrap()
+    });
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("report")))
+        });
+    let held = svc
+        .clone()
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let r = svc
+            .clone()
+            .oneshot(Request::new(Body::empty()))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    drop(held);
+    let r = svc
+        .clone()
+        .oneshot(Request::new(Body::empty()))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let snap = rec.snapshot();
+    let count = |result| {
+        snap.counter(
+            "tollgate.in_flight.requests",
+            &[("tollgate.limiter", "exports"), ("tollgate.result", result)],
+        )
+    };
+    assert_eq!((count("admitted"), count("refused")), (2, 3));
+    assert_eq!((count("fail_open"), count("fail_closed")), (0, 0));
+}

@@ -34,6 +34,18 @@ pub(crate) struct Answers {
     remaining: Vec<HeaderValue>,
     /// The problem body of a refusal.
     body: Bytes,
+    /// `tollgate.in_flight.requests` by result: admitted, refused, fail_open, fail_closed.
+    #[cfg(feature = "metrics")]
+    requests: [metrics::Counter; 4],
+}
+
+/// What became of a request, for the metrics.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Counted {
+    Admitted = 0,
+    Refused = 1,
+    FailOpen = 2,
+    FailClosed = 3,
 }
 
 impl std::fmt::Debug for Answers {
@@ -45,6 +57,14 @@ impl std::fmt::Debug for Answers {
 }
 
 impl Answers {
+    /// Counts a request's outcome (with the feature `metrics`).
+    #[inline]
+    pub(crate) fn count(&self, what: Counted) {
+        #[cfg(feature = "metrics")]
+        self.requests[what as usize].increment(1);
+        let _ = what;
+    }
+
     /// The answers of a limit named `label` of `max` requests in flight. Refuses a label
     /// that cannot be sent in a header.
     pub(crate) fn new(label: &str, max: u32) -> Result<Self, ConfigError> {
@@ -72,7 +92,17 @@ impl Answers {
             &[label],
             Some(QUOTA_EXCEEDED),
         );
+        #[cfg(feature = "metrics")]
+        crate::observe::describe();
         Ok(Answers {
+            #[cfg(feature = "metrics")]
+            requests: ["admitted", "refused", "fail_open", "fail_closed"].map(|r| {
+                metrics::counter!(
+                    "tollgate.in_flight.requests",
+                    "tollgate.limiter" => label.to_owned(),
+                    "tollgate.result" => r
+                )
+            }),
             label: label.into(),
             policy: shared_value(policy),
             prefix,

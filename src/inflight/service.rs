@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{
-    answer::Answers,
+    answer::{Answers, Counted},
     body::InFlightBody,
     layer::Shared,
     store::{Acquiring, Attempt, InFlightStore, Outcome, Permit},
@@ -88,24 +88,38 @@ fn settle(
     on_error: OnStoreError,
 ) -> Result<Admitted, Box<Response<Bytes>>> {
     match outcome {
-        Outcome::Admitted { permit, remaining } => Ok(Admitted::slot(permit, remaining, answers)),
+        Outcome::Admitted { permit, remaining } => {
+            answers.count(Counted::Admitted);
+            Ok(Admitted::slot(permit, remaining, answers))
+        }
         Outcome::Full => {
+            answers.count(Counted::Refused);
             tracing::info!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
             Err(Box::new(answers.refusal()))
         }
-        Outcome::Failed(e) => failed(&e, on_error),
+        Outcome::Failed(e) => failed(&e, answers, on_error),
     }
 }
 
 #[cold]
-fn failed(e: &StoreError, on_error: OnStoreError) -> Result<Admitted, Box<Response<Bytes>>> {
+fn failed(
+    e: &StoreError,
+    answers: &Answers,
+    on_error: OnStoreError,
+) -> Result<Admitted, Box<Response<Bytes>>> {
     let _ = e;
     match on_error {
-        OnStoreError::FailClosed => Err(Box::new(plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The in-flight limiter's store is unavailable.",
-        ))),
-        _ => Ok(Admitted::UNLIMITED),
+        OnStoreError::FailClosed => {
+            answers.count(Counted::FailClosed);
+            Err(Box::new(plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The in-flight limiter's store is unavailable.",
+            )))
+        }
+        _ => {
+            answers.count(Counted::FailOpen);
+            Ok(Admitted::UNLIMITED)
+        }
     }
 }
 
