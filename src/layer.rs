@@ -362,8 +362,19 @@ impl<X, C> Builder<X, C> {
         self
     }
 
+    /// Answers gRPC requests (`content-type: application/grpc...`) with gRPC statuses
+    /// (default on): a refusal is `RESOURCE_EXHAUSTED` with the exact retry delay in a
+    /// `google.rpc.RetryInfo`, sent trailers-only, so gRPC clients and their retry policies
+    /// read it; see [the `response` docs](crate::response#grpc). Off, gRPC requests get the
+    /// HTTP answers (a `429`, which gRPC clients see as `UNAVAILABLE` without a delay).
+    pub fn grpc_status(mut self, on: bool) -> Self {
+        self.cfg.answers.grpc = on;
+        self
+    }
+
     /// Builds refusals with a closure instead. `Retry-After`, `Cache-Control: no-store`
-    /// and the rate-limit fields are still added when the closure did not set them.
+    /// and the rate-limit fields are still added when the closure did not set them. gRPC
+    /// requests keep their gRPC refusal unless [`Builder::grpc_status`] is off.
     pub fn on_rejection<F>(mut self, f: F) -> Self
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,

@@ -126,6 +126,14 @@
 //! store under [`limiter::OnStoreError::FailClosed`] is not a rate-limit decision: the
 //! first counts nowhere, the second in `degraded_decisions`.
 //!
+//! # gRPC
+//!
+//! A tonic server is a tower HTTP service: `Server::builder().layer(RateLimitLayer::...)`
+//! limits it. A refused call is the gRPC status `RESOURCE_EXHAUSTED` with the exact retry
+//! delay in a `google.rpc.RetryInfo` (see [`response`](response#grpc)); key by the peer
+//! ([`key::PeerIp`], feature `tonic`), by metadata ([`key::HeaderKey`]`::new("x-api-key")`)
+//! or by method ([`key::GrpcMethod`]). See the `grpc` example.
+//!
 //! # Any tower service
 //!
 //! [`generic::RateLimitLayer`] limits a service of any request type; a refusal is the
@@ -170,6 +178,7 @@
 //! - `metrics` (default): metrics through the `metrics` facade (see Watching).
 //! - `serde`: policies and policy sets read from configuration files.
 //! - `tsc`: `clock::TscClock`, the CPU's time-stamp counter as an opt-in clock.
+//! - `tonic`: [`key::PeerIp`] reads the peer address a tonic server inserts.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 

@@ -26,6 +26,7 @@ use crate::{
     limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     response::{
+        grpc::{self, Code},
         plain, Answers, DebugRule, Extra, Fields, Pending, RateLimitBody, ResponseHead,
         ResponseHeaders,
     },
@@ -77,6 +78,11 @@ impl Http {
         }
     }
 
+    /// Whether to answer `req` with a gRPC status rather than an HTTP refusal.
+    fn grpc<B>(&self, req: &Request<B>) -> bool {
+        self.answers.grpc && grpc::is_grpc(req.headers())
+    }
+
     /// Runs the decision hook; what it inserts goes to the response.
     fn hook<B>(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Option<HeaderMap> {
         let hook = self.hook.as_ref()?;
@@ -96,7 +102,12 @@ impl<B> Flavour<Request<B>> for Http {
     type Extra = ResponseHeaders;
 
     fn refuse(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {
-        let mut r = v.prepared.refusal(&self.answers, v.decision, v.shadow_mask);
+        let mut r = if self.grpc(req) {
+            v.prepared
+                .grpc_refusal(&self.answers, v.decision, v.shadow_mask)
+        } else {
+            v.prepared.refusal(&self.answers, v.decision, v.shadow_mask)
+        };
         if let Some(extra) = self.hook(req, v) {
             let mut headers = ResponseHeaders::default();
             headers.extra = Some(Box::new(Extra {
@@ -127,22 +138,28 @@ impl<B> Flavour<Request<B>> for Http {
         headers
     }
 
-    fn failed(&self, _: &Request<B>, _: StoreError) -> Self::Refusal {
-        Box::new(plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The rate limiter's store is unavailable.",
-        ))
+    fn failed(&self, req: &Request<B>, _: StoreError) -> Self::Refusal {
+        const DETAIL: &str = "The rate limiter's store is unavailable.";
+        if self.grpc(req) {
+            return Box::new(grpc::status(Code::Unavailable, DETAIL, None));
+        }
+        Box::new(plain(StatusCode::SERVICE_UNAVAILABLE, DETAIL))
     }
 
-    fn keyless(&self, _: &Request<B>, status: StatusCode) -> Self::Refusal {
-        Box::new(plain(
-            status,
-            "No rate-limit key could be extracted from this request.",
-        ))
+    fn keyless(&self, req: &Request<B>, status: StatusCode) -> Self::Refusal {
+        const DETAIL: &str = "No rate-limit key could be extracted from this request.";
+        if self.grpc(req) {
+            return Box::new(grpc::status(Code::of(status), DETAIL, None));
+        }
+        Box::new(plain(status, DETAIL))
     }
 
-    fn denied(&self, _: &Request<B>) -> Self::Refusal {
-        Box::new(plain(StatusCode::FORBIDDEN, "This client is denied."))
+    fn denied(&self, req: &Request<B>) -> Self::Refusal {
+        const DETAIL: &str = "This client is denied.";
+        if self.grpc(req) {
+            return Box::new(grpc::status(Code::PermissionDenied, DETAIL, None));
+        }
+        Box::new(plain(StatusCode::FORBIDDEN, DETAIL))
     }
 
     #[inline]

@@ -10,13 +10,14 @@
 //!
 //! | extractor | key | what it reads |
 //! |---|---|---|
-//! | [`PeerIp`] | [`IpAddr`](std::net::IpAddr) | the TCP peer's address; IPv6 grouped by /56 |
+//! | [`PeerIp`] | [`IpAddr`](std::net::IpAddr) | the TCP peer's address (axum's or, feature `tonic`, tonic's connect info); IPv6 grouped by /56 |
 //! | [`ClientIp`] | [`IpAddr`](std::net::IpAddr) | the client behind trusted proxies (`X-Forwarded-For` or `Forwarded`) |
-//! | [`HeaderKey`] | [`HeaderBytes`] | a header such as `x-api-key`, length-capped |
+//! | [`HeaderKey`] | [`HeaderBytes`] | a header such as `x-api-key` (gRPC metadata too), length-capped |
 //! | [`ExtensionKey`] / [`ExtensionMap`] | `T` / `K` | a value an auth layer put in the extensions |
 //! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, verified |
 //! | `JsonField::key()` (feature `json`) | `JsonField` | a JSON body's field, read by `JsonFieldLayer` on the routes it wraps |
 //! | `MatchedRoute` (feature `axum`) | `String` | the matched axum route pattern |
+//! | [`GrpcMethod`] | `String` | a gRPC call's method, `/package.Service/Method` |
 //! | [`MethodKey`] | [`Method`](http::Method) | the request method |
 //! | [`Global`] | `()` | nothing: one limit for everyone |
 //! | [`KeyFn`] ([`key_fn`]) | any | your closure |
@@ -68,6 +69,7 @@ mod client_ip;
 mod composite;
 mod extension;
 mod forwarded;
+mod grpc;
 mod head;
 mod header;
 pub(crate) mod peer_ip;
@@ -83,6 +85,7 @@ pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};
 pub use self::composite::{KeyExtractorExt, Or};
 pub use self::extension::{ExtensionKey, ExtensionMap};
+pub use self::grpc::GrpcMethod;
 pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
 #[cfg(feature = "json")]
@@ -133,8 +136,9 @@ pub trait KeyExtractor<Req> {
 
 /// What [`PeerIp`] and [`ClientIp`] say when a request carries no connection address.
 pub(crate) const NO_PEER_ADDRESS: &str = "the request carries no connection address; serve \
-     the app with `into_make_service_with_connect_info::<SocketAddr>()` (or insert the peer \
-     `SocketAddr` into the request extensions)";
+     the app with `into_make_service_with_connect_info::<SocketAddr>()`, enable tollgate's \
+     `tonic` feature for a tonic server, or insert the peer `SocketAddr` into the request \
+     extensions";
 
 /// A [`KeyExtractor`] made from a closure; built by [`key_fn`].
 ///

@@ -34,10 +34,14 @@ pub(super) const DEFAULT_IPV6_PREFIX: u8 = 56;
 /// 2. `axum::extract::connect_info::MockConnectInfo<SocketAddr>` (feature `axum`), which
 ///    the `MockConnectInfo` layer inserts in tests; axum's `ConnectInfo` extractor falls
 ///    back to it the same way.
-/// 3. A plain [`SocketAddr`], for hyper servers without axum: insert the remote address
+/// 3. tonic's `TcpConnectInfo` (feature `tonic`), which a tonic server
+///    (`tonic::transport::Server`) inserts into every request: its `remote_addr()`.
+/// 4. A plain [`SocketAddr`], for hyper servers without axum: insert the remote address
 ///    into each request's extensions in your accept loop.
 ///
-/// If neither is present the key is `None`.
+/// If none is present the key is `None`. A tonic server over TLS inserts
+/// `TlsConnectInfo<TcpConnectInfo>` instead, which naming would pull in rustls: insert the
+/// peer's `SocketAddr` with a small layer there (`req.remote_addr()`).
 ///
 /// # Deployment caveat
 ///
@@ -114,8 +118,8 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
     }
 }
 
-/// The remote address of the connection, from `ConnectInfo<SocketAddr>` (feature `axum`)
-/// or a plain `SocketAddr` extension.
+/// The remote address of the connection, from `ConnectInfo<SocketAddr>` (feature `axum`),
+/// tonic's `TcpConnectInfo` (feature `tonic`) or a plain `SocketAddr` extension.
 pub(crate) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
     let ext = req.extensions();
     #[cfg(feature = "axum")]
@@ -129,6 +133,13 @@ pub(crate) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
         if let Some(MockConnectInfo(addr)) = ext.get::<MockConnectInfo<SocketAddr>>() {
             return Some(*addr);
         }
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = ext
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr);
     }
     ext.get::<SocketAddr>().copied()
 }
@@ -229,6 +240,18 @@ mod tests {
             "198.51.100.2:2".parse::<SocketAddr>().unwrap(),
         ));
         assert_eq!(PeerIp::new().extract(&req), Some(ip("198.51.100.2")));
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn reads_tonic_connect_info() {
+        use tonic::transport::server::TcpConnectInfo;
+        let mut req = req_from("192.0.2.1:1");
+        req.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("198.51.100.4:4".parse().unwrap()),
+        });
+        assert_eq!(PeerIp::new().extract(&req), Some(ip("198.51.100.4")));
     }
 
     #[cfg(feature = "axum")]

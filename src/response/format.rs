@@ -10,7 +10,7 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
 };
 
-use super::ResponseHead;
+use super::{grpc, ResponseHead};
 use crate::{decision::Outcome, limiter::Settlement, Decision, Policy};
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -62,6 +62,8 @@ pub(crate) struct Answers {
     pub(crate) ietf: bool,
     pub(crate) legacy: bool,
     pub(crate) problem: bool,
+    /// gRPC requests are refused with gRPC statuses.
+    pub(crate) grpc: bool,
     pub(crate) rejection: Option<Rejection>,
 }
 
@@ -71,6 +73,7 @@ impl fmt::Debug for Answers {
             .field("ietf", &self.ietf)
             .field("legacy", &self.legacy)
             .field("problem", &self.problem)
+            .field("grpc", &self.grpc)
             .field("custom_rejection", &self.rejection.is_some())
             .finish()
     }
@@ -82,6 +85,7 @@ impl Default for Answers {
             ietf: true,
             legacy: false,
             problem: true,
+            grpc: true,
             rejection: None,
         }
     }
@@ -502,6 +506,27 @@ impl Fields {
             self.headers(a, d, shadow).apply(headers);
         }
         response
+    }
+}
+
+impl Fields {
+    /// The refusal of a gRPC request: `RESOURCE_EXHAUSTED` with the exact retry delay in
+    /// a `RetryInfo` (none when the cost can never be admitted), and the same
+    /// `Retry-After` and rate-limit fields as an HTTP refusal, harmless as gRPC metadata.
+    pub(crate) fn grpc_refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
+        let message = match d.outcome() {
+            Outcome::Exceeds => {
+                "This request costs more than the quota can ever admit at once; retrying will not help."
+            }
+            _ => "Request quota exceeded; retry after the delay in RetryInfo.",
+        };
+        let mut r = grpc::status(grpc::Code::ResourceExhausted, message, d.retry_after());
+        let headers = r.headers_mut();
+        if let Some(wait) = d.retry_after() {
+            headers.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
+        }
+        self.headers(a, d, shadow).apply(headers);
+        r
     }
 }
 

@@ -11,9 +11,50 @@
 //!   limit with the fewest units left.
 //! - A body of RFC 9457 `application/problem+json` of type `quota-exceeded` naming the
 //!   `violated-policies` (the default), or a custom rejection closure.
+//!
+//! # gRPC
+//!
+//! A request whose `content-type` starts with `application/grpc` (a tonic service is a
+//! tower HTTP service) is refused the way gRPC clients and their retry policies read: a
+//! trailers-only response (HTTP `200`, one HEADERS frame, no body) with
+//! `grpc-status: 8` (`RESOURCE_EXHAUSTED`), a `grpc-message`, and `grpc-status-details-bin`
+//! holding a `google.rpc.Status` whose details carry a `google.rpc.RetryInfo` with the
+//! exact retry delay, to the nanosecond. `Retry-After` and the IETF fields are sent too, as
+//! metadata. The layer's other answers to a gRPC request are statuses as well: a failed
+//! store under fail-closed is `UNAVAILABLE`, a deny list `PERMISSION_DENIED`, and a keyless
+//! request under [`MissingKey::Reject`](crate::limiter::MissingKey::Reject) the code that means what the HTTP status
+//! means (`401` `UNAUTHENTICATED`, `400` `INVALID_ARGUMENT`, `403` `PERMISSION_DENIED`).
+//! A custom rejection closure ([`Builder::on_rejection`](crate::Builder::on_rejection)) answers HTTP requests only; turn the gRPC
+//! answers off with [`Builder::grpc_status`](crate::Builder::grpc_status)`(false)` to have it answer everything.
+//!
+//! ```
+//! use http_body_util::Empty;
+//! use tollgate::{key::HeaderKey, Limit, Quota, RateLimitLayer};
+//! use tower::{ServiceBuilder, ServiceExt as _};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let svc = ServiceBuilder::new()
+//!     .layer(RateLimitLayer::new(HeaderKey::new("x-api-key")?, Limit::token_bucket(Quota::per_second(1)?)?))
+//!     .service_fn(|_| async { Ok::<_, std::convert::Infallible>(http::Response::new(Empty::<bytes::Bytes>::new())) });
+//! let call = || {
+//!     http::Request::post("/helloworld.Greeter/SayHello")
+//!         .header("content-type", "application/grpc")
+//!         .header("x-api-key", "k1")
+//!         .body(Empty::<bytes::Bytes>::new())
+//!         .unwrap()
+//! };
+//! svc.clone().oneshot(call()).await?;
+//! let refused = svc.oneshot(call()).await?;
+//! assert_eq!(refused.status(), 200); // a trailers-only gRPC response
+//! assert_eq!(refused.headers()["grpc-status"], "8"); // RESOURCE_EXHAUSTED
+//! assert!(refused.headers().contains_key("grpc-status-details-bin")); // RetryInfo: 1 s
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
 
 mod body;
 mod format;
+pub(crate) mod grpc;
 mod head;
 
 pub use body::RateLimitBody;
