@@ -366,7 +366,8 @@ impl<X, C> Builder<X, C> {
     /// (default on): a refusal is `RESOURCE_EXHAUSTED` with the exact retry delay in a
     /// `google.rpc.RetryInfo`, sent trailers-only, so gRPC clients and their retry policies
     /// read it; see [the `response` docs](crate::response#grpc). Off, gRPC requests get the
-    /// HTTP answers (a `429`, which gRPC clients see as `UNAVAILABLE` without a delay).
+    /// HTTP answers (a `429` with a problem body, which a tonic client reports as
+    /// `INTERNAL`, without a delay).
     pub fn grpc_status(mut self, on: bool) -> Self {
         self.cfg.answers.grpc = on;
         self
