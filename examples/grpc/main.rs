@@ -82,10 +82,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// 7 calls at once from one client: 5 pass, 2 are refused with a decodable `RetryInfo`.
+/// 7 calls at once from one client: 5 pass, 2 are refused with a decodable `RetryInfo`
+/// (a machine so loaded that the calls span more than 200 ms lets one more pass for every
+/// 200 ms they took).
 async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
     let (addr, _server) = serve(0).await?;
     let client = GreeterClient::connect(format!("http://{addr}")).await?;
+    let started = std::time::Instant::now();
     let calls = (0..7).map(|i| {
         let mut client = client.clone();
         tokio::spawn(async move {
@@ -112,7 +115,12 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    assert_eq!((ok, delays.len()), (5, 2), "5 calls pass, 2 are refused");
+    let refills = (started.elapsed().as_millis() / 200) as usize;
+    assert_eq!(ok + delays.len(), 7);
+    assert!(
+        (5..=5 + refills).contains(&ok) && (refills >= 2 || !delays.is_empty()),
+        "5 calls pass, 2 are refused ({ok} passed, {refills} refills)"
+    );
     // The 6th unit comes back 200 ms after the burst was taken.
     for d in &delays {
         assert!(
