@@ -18,7 +18,7 @@ use crate::{
     limiter::{KeyList, Limiter, MissingKey, OnStoreError, Settings},
     policy::{IntoPolicy, PolicyHandle, PolicyName, PolicySet, SelectHead},
     quota::Quota,
-    response::{Answers, DebugRule, Rejection, ResponseHead, SettleRule},
+    response::{Answers, Rejection, ResponseHead, SettleRule},
     service::{Http, RateLimit},
     store::{MemoryStore, Store, StoreFuture},
 };
@@ -193,7 +193,7 @@ struct Config {
     shadow_header: Option<HeaderName>,
     hook: Option<Hook>,
     access: Access,
-    settle: Option<DebugRule>,
+    settle: Option<SettleRule>,
 }
 
 impl<X: fmt::Debug, C> fmt::Debug for Builder<X, C> {
@@ -558,7 +558,7 @@ impl<X, C> Builder<X, C> {
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {
         let rule: SettleRule = Arc::new(move |res, reserved| if count(res) { reserved } else { 0 });
-        self.cfg.settle = Some(DebugRule(rule));
+        self.cfg.settle = Some(rule);
         self
     }
 
@@ -608,7 +608,7 @@ impl<X, C> Builder<X, C> {
         F: Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync + 'static,
     {
         let rule: SettleRule = Arc::new(move |res, reserved| cost(res).unwrap_or(reserved));
-        self.cfg.settle = Some(DebugRule(rule));
+        self.cfg.settle = Some(rule);
         self
     }
 

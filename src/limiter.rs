@@ -217,8 +217,8 @@ pub(crate) struct Limiter<X, St, C, F: Prepare> {
     /// The store's check of a set (every policy supported), which it is then told it
     /// applies; with the key type fixed when the layer was built.
     accept: fn(&St, &PolicySet) -> Result<(), ConfigError>,
-    /// Whether the extractor's misconfiguration was logged already (once per layer).
-    warned: AtomicBool,
+    /// The extractor's misconfiguration, logged once per layer.
+    warned: KeylessWarning,
     pub(crate) observe: Observe,
     /// Keys never limited, and keys refused.
     allow_keys: Option<KeyList>,
@@ -429,7 +429,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             swapped: AtomicBool::new(false),
             names: settings.names,
             accept,
-            warned: AtomicBool::new(false),
+            warned: KeylessWarning::default(),
             observe,
             allow_keys: settings.allow_keys,
             deny_keys: settings.deny_keys,
@@ -595,25 +595,20 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         self.flavour.denied(req)
     }
 
-    /// A request without a key: logs once per layer when the extractor says why (the
-    /// server is not set up to give it what it needs), then follows `MissingKey`.
+    /// A request without a key: logged once per layer when the extractor says why, then
+    /// `MissingKey` decides.
     #[cold]
     fn keyless<Req>(&self, req: &Req) -> MissingKey
     where
         X: KeyExtractor<Req>,
     {
-        if !self.warned.load(Ordering::Relaxed) {
-            if let Some(why) = self.key.misconfiguration(req) {
-                if !self.warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        target: "tollgate",
-                        limiter = %self.observe.label(),
-                        missing_key = ?self.missing,
-                        "rate-limit key missing: {why} (logged once per layer)"
-                    );
-                }
-            }
-        }
+        self.warned.keyless(
+            &self.key,
+            req,
+            self.observe.label(),
+            self.missing,
+            "rate-limit",
+        );
         self.missing
     }
 
@@ -751,6 +746,38 @@ pub(crate) struct At<'a, P> {
     index: usize,
     policy: &'a Policy,
     cost: u64,
+}
+
+/// A layer's one warning about keyless requests whose extractor says why (the server is
+/// not set up to give it what it needs: no connection address, no matched route), since
+/// such a setup quietly puts every client into one bucket. Shared by every layer kind.
+#[derive(Debug, Default)]
+pub(crate) struct KeylessWarning(AtomicBool);
+
+impl KeylessWarning {
+    #[cold]
+    pub(crate) fn keyless<Req, X: KeyExtractor<Req>>(
+        &self,
+        key: &X,
+        req: &Req,
+        label: &str,
+        missing: MissingKey,
+        kind: &str,
+    ) {
+        if self.0.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(why) = key.misconfiguration(req) {
+            if !self.0.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "tollgate",
+                    limiter = %label,
+                    missing_key = ?missing,
+                    "{kind} key missing: {why} (logged once per layer)"
+                );
+            }
+        }
+    }
 }
 
 /// Counts refusals in a window of one second: the first store failure of each second is

@@ -27,8 +27,8 @@ use crate::{
     policy::Policy,
     response::{
         grpc::{self, Code},
-        plain, Answers, DebugRule, Extra, Fields, Pending, RateLimitBody, ResponseHead,
-        ResponseHeaders,
+        plain, Answers, Extra, Fields, Pending, RateLimitBody, ResponseHead, ResponseHeaders,
+        SettleRule,
     },
     store::Store,
 };
@@ -41,7 +41,7 @@ pub(crate) struct Http {
     pub(crate) shadow_header: Option<HeaderName>,
     pub(crate) hook: Option<Hook>,
     pub(crate) access: Access,
-    pub(crate) settle: Option<DebugRule>,
+    pub(crate) settle: Option<SettleRule>,
 }
 
 impl Prepare for Http {

@@ -1,12 +1,7 @@
 //! [`InFlightLimitLayer`] and its [`InFlightLimitBuilder`]. One layer value is one limit,
 //! shared by every clone and every route it is applied to.
 
-use std::{
-    fmt,
-    hash::Hash,
-    sync::{atomic::AtomicBool, Arc},
-    time::Duration,
-};
+use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 
 use http::Request;
 use tower_layer::Layer;
@@ -15,7 +10,7 @@ use super::{answer::Answers, memory::MemoryInFlight, service::InFlightLimit, sto
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
-    limiter::{MissingKey, OnStoreError},
+    limiter::{KeylessWarning, MissingKey, OnStoreError},
 };
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
@@ -31,7 +26,7 @@ pub(crate) struct Shared<X, St> {
     pub(crate) on_error: OnStoreError,
     pub(crate) answers: Arc<Answers>,
     /// Whether the extractor's misconfiguration was logged already (once per layer).
-    pub(crate) warned: AtomicBool,
+    pub(crate) warned: KeylessWarning,
 }
 
 /// Limits how many requests of each key are in flight at once: `.layer(InFlightLimitLayer::new(..))`
@@ -191,7 +186,7 @@ impl<X> InFlightLimitBuilder<X> {
                 missing: self.missing,
                 on_error: self.on_error,
                 answers: Arc::new(answers),
-                warned: AtomicBool::new(false),
+                warned: KeylessWarning::default(),
             }),
         }
     }

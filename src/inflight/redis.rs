@@ -20,6 +20,7 @@ use super::store::{
 };
 use crate::{
     error::{ConfigError, StoreError},
+    limiter::OncePerSecond,
     store::{redis::keys, KeyBytes, RedisConnection},
 };
 
@@ -150,7 +151,7 @@ impl RedisInFlightBuilder {
                 waiting: Mutex::new(HashMap::new()),
                 runtime: OnceLock::new(),
                 started: std::time::Instant::now(),
-                warned_at: AtomicU64::new(0),
+                warned: OncePerSecond::default(),
             }),
         })
     }
@@ -240,8 +241,8 @@ struct Leases {
     /// A runtime to give leases back on when a body is dropped outside one.
     runtime: OnceLock<Handle>,
     started: std::time::Instant,
-    /// The second (since `started`, plus one) of the last failure logged as a warning.
-    warned_at: AtomicU64,
+    /// Failures logged as a warning: the first of each second.
+    warned: OncePerSecond,
 }
 
 /// The leases this instance holds, by slot, and the task renewing them.
@@ -298,8 +299,8 @@ impl Leases {
 
     /// A warning for the first failure of each second, `DEBUG` for the others.
     fn log_failure(&self, e: &StoreError) {
-        let second = self.started.elapsed().as_secs() + 1;
-        if self.warned_at.swap(second, Ordering::Relaxed) != second {
+        // Seconds counted from one: the first failure, in second 0, is a warning too.
+        if self.warned.first(self.started.elapsed().as_secs() + 1) {
             tracing::warn!(target: "tollgate::redis", error = %e, "in-flight lease call to Redis failed");
         } else {
             tracing::debug!(target: "tollgate::redis", error = %e, "in-flight lease call to Redis failed");

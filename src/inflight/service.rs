@@ -5,7 +5,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    sync::{atomic::Ordering, Arc},
+    sync::Arc,
     task::{ready, Context, Poll},
 };
 
@@ -257,26 +257,16 @@ where
 }
 
 impl<S, X, St> InFlightLimit<S, X, St> {
-    /// A request without a key: logs once per layer when the extractor says why (the
-    /// server is not set up to give it what it needs), then follows `MissingKey`.
+    /// A request without a key: logged once per layer when the extractor says why, then
+    /// `MissingKey` decides.
     #[cold]
     fn keyless<Req>(&self, req: &Req) -> MissingKey
     where
         X: KeyExtractor<Req>,
     {
         let s = &*self.shared;
-        if !s.warned.load(Ordering::Relaxed) {
-            if let Some(why) = s.key.misconfiguration(req) {
-                if !s.warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        target: "tollgate",
-                        limiter = %s.answers.label,
-                        missing_key = ?s.missing,
-                        "in-flight limit key missing: {why} (logged once per layer)"
-                    );
-                }
-            }
-        }
+        s.warned
+            .keyless(&s.key, req, &s.answers.label, s.missing, "in-flight limit");
         s.missing
     }
 }

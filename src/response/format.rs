@@ -140,26 +140,23 @@ pub(crate) struct Extra {
 pub(crate) type SettleRule = Arc<dyn Fn(&ResponseHead<'_>, u64) -> u64 + Send + Sync>;
 
 /// A cost to settle once the response is known.
-#[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) settlement: Settlement,
-    pub(crate) rule: DebugRule,
+    pub(crate) rule: SettleRule,
 }
 
-/// A [`SettleRule`] that formats as its name.
-#[derive(Clone)]
-pub(crate) struct DebugRule(pub(crate) SettleRule);
-
-impl fmt::Debug for DebugRule {
+impl fmt::Debug for Pending {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SettleRule")
+        f.debug_struct("Pending")
+            .field("settlement", &self.settlement)
+            .finish_non_exhaustive()
     }
 }
 
 impl Pending {
     /// Settles the cost from `response`.
     pub(crate) fn settle(self, response: &ResponseHead<'_>) {
-        let actual = (self.rule.0)(response, self.settlement.reserved);
+        let actual = (self.rule)(response, self.settlement.reserved);
         self.settlement.settle(actual);
     }
 }

@@ -59,9 +59,8 @@ mod head;
 
 pub use body::RateLimitBody;
 pub(crate) use format::{
-    plain, problem_body, sf_string, shared_value, Answers, DebugRule, Extra, Fields, Pending,
-    ResponseHeaders, SettleRule, NO_STORE, PROBLEM_JSON, QUOTA_EXCEEDED, RATELIMIT,
-    RATELIMIT_POLICY,
+    plain, problem_body, sf_string, shared_value, Answers, Extra, Fields, Pending, ResponseHeaders,
+    SettleRule, NO_STORE, PROBLEM_JSON, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
 };
 pub use format::{refusal, retry_after_secs, Rejection};
 pub use head::ResponseHead;

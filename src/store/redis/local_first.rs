@@ -406,11 +406,7 @@ impl Shared {
             };
             let at = self.overrides.then(|| self.clock.now());
             let inv = script::invocation(&key, Mode::Sync, units, at, &limits, true);
-            let deadline = self.interval.max(Duration::from_millis(50));
-            let r = match tokio::time::timeout(deadline, self.conn.invoke(&inv)).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(deadline)),
-            };
+            let r = self.in_time(self.conn.invoke(&inv)).await;
             match r.and_then(|reply| script::decode_sync(&reply, &policy)) {
                 Ok((server_now, words)) => {
                     if !self.overrides {
@@ -427,6 +423,17 @@ impl Shared {
             }
         }
         failed.map_or(Ok(()), Err)
+    }
+
+    /// A call to Redis under the store's deadline (its sync interval, at least 50 ms).
+    async fn in_time<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let deadline = self.interval.max(Duration::from_millis(50));
+        tokio::time::timeout(deadline, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(deadline)))
     }
 
     /// Drops a key's local entry.
@@ -585,11 +592,7 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
         StoreFuture::boxed(async move {
             let at = shared.overrides.then(|| shared.clock.now());
             let inv = script::invocation(&k, Mode::Ban, ns, at, &limits, true);
-            let deadline = shared.interval.max(Duration::from_millis(50));
-            match tokio::time::timeout(deadline, shared.conn.invoke(&inv)).await {
-                Ok(r) => r.map(|_| ()),
-                Err(_) => Err(StoreError::Timeout(deadline)),
-            }
+            shared.in_time(shared.conn.invoke(&inv)).await.map(|_| ())
         })
     }
 
@@ -602,11 +605,10 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
         StoreFuture::boxed(async move {
             let mut cmd = redis::cmd("DEL");
             cmd.arg(&k);
-            let deadline = shared.interval.max(Duration::from_millis(50));
-            match tokio::time::timeout(deadline, shared.conn.query::<i64>(&cmd)).await {
-                Ok(r) => r.map(|_| ()),
-                Err(_) => Err(StoreError::Timeout(deadline)),
-            }
+            shared
+                .in_time(shared.conn.query::<i64>(&cmd))
+                .await
+                .map(|_| ())
         })
     }
 }

@@ -18,6 +18,9 @@ const MIN_SWEEP: usize = 64;
 
 #[derive(Debug)]
 struct Entry {
+    /// The fingerprint of the policy that refused: another policy's request is not
+    /// answered here.
+    policy: u64,
     /// When the refused request becomes admissible (the store's retry-after counted from
     /// the moment the call was sent, so never later than the store's own answer).
     until: Nanos,
@@ -55,7 +58,13 @@ impl NegativeCache {
     }
 
     /// The remembered refusal of `key` for `cost`, with its times brought up to `now`.
-    pub(super) fn lookup(&self, key: &[u8], cost: u64, now: Nanos) -> Option<Decision> {
+    pub(super) fn lookup(
+        &self,
+        key: &[u8],
+        policy: u64,
+        cost: u64,
+        now: Nanos,
+    ) -> Option<Decision> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -66,7 +75,7 @@ impl NegativeCache {
             self.len.store(m.entries.len(), Ordering::Release);
             return None;
         }
-        if cost < e.cost {
+        if cost < e.cost || e.policy != policy {
             return None;
         }
         let elapsed = now.saturating_sub(e.sent);
@@ -85,6 +94,7 @@ impl NegativeCache {
     pub(super) fn insert(
         &self,
         key: Vec<u8>,
+        policy: u64,
         cost: u64,
         sent: Nanos,
         now: Nanos,
@@ -117,6 +127,7 @@ impl NegativeCache {
         m.entries.insert(
             key,
             Entry {
+                policy,
                 until,
                 cost,
                 sent,
@@ -126,22 +137,13 @@ impl NegativeCache {
         self.len.store(m.entries.len(), Ordering::Release);
     }
 
+    /// Forgets the refusal remembered for `key` (under whichever policy).
     pub(super) fn remove(&self, key: &[u8]) {
         if self.len.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         m.entries.remove(key);
-        self.len.store(m.entries.len(), Ordering::Release);
-    }
-
-    /// Forgets every refusal remembered for `key` (under any policy).
-    pub(super) fn remove_prefix(&self, key: &[u8]) {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let mut m = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        m.entries.retain(|k, _| !k.starts_with(key));
         self.len.store(m.entries.len(), Ordering::Release);
     }
 }

@@ -437,7 +437,7 @@ impl Shared {
         match self.ask(&key, &policy, mode, cost).await {
             Ok(d) => {
                 if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
-                    n.insert(negative_key(key, &policy), cost, sent, self.clock.now(), d);
+                    n.insert(key, policy.fingerprint(), cost, sent, self.clock.now(), d);
                 }
                 Ok(d)
             }
@@ -491,13 +491,6 @@ impl Shared {
             },
         }
     }
-}
-
-/// The negative cache's key: the Redis key and the policy, since a refusal under one
-/// policy says nothing of another.
-fn negative_key(mut key: Vec<u8>, policy: &Policy) -> Vec<u8> {
-    key.extend_from_slice(&policy.fingerprint().to_le_bytes());
-    key
 }
 
 impl RedisStore {
@@ -574,23 +567,41 @@ impl RedisStore {
         key: &K,
         cost: u64,
     ) -> Result<(), StoreError> {
+        let policy = self.inner.policy.clone();
+        self.update(key, &policy, Mode::Refund, cost).await
+    }
+
+    /// One call that changes a key's state without deciding (refund, sync, ban), after
+    /// forgetting the key's remembered refusals, which it may make stale.
+    fn update<K: KeyBytes + ?Sized>(
+        &self,
+        key: &K,
+        policy: &Policy,
+        mode: Mode,
+        units: u64,
+    ) -> StoreFuture<()> {
         let k = self.redis_key(key);
-        let policy = &self.inner.policy;
         if let Some(n) = &self.inner.negative {
-            n.remove(&negative_key(k.clone(), policy));
+            n.remove(&k);
         }
-        let limits = script::limit_args(policy).map_err(StoreError::backend)?;
-        self.inner
-            .guarded_call(&k, Mode::Refund, cost, &limits, true)
-            .await
-            .map(|_| ())
+        let limits = match script::limit_args(policy) {
+            Ok(l) => l,
+            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
+        };
+        let shared = self.inner.clone();
+        StoreFuture::boxed(async move {
+            shared
+                .guarded_call(&k, mode, units, &limits, true)
+                .await
+                .map(|_| ())
+        })
     }
 
     fn call(&self, key: Vec<u8>, policy: &Policy, mode: Mode, cost: u64) -> CheckFuture {
         if mode == Mode::Check {
             if let Some(n) = &self.inner.negative {
-                let nk = negative_key(key.clone(), policy);
-                if let Some(d) = n.lookup(&nk, cost, self.inner.clock.now()) {
+                if let Some(d) = n.lookup(&key, policy.fingerprint(), cost, self.inner.clock.now())
+                {
                     return CheckFuture::ready(Ok(d));
                 }
             }
@@ -617,87 +628,38 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
         self.call(self.redis_key(key), policy, Mode::Peek, cost)
     }
 
-    /// One call: a charge whatever the limits (the script's sync mode) or a refund; the
-    /// key's remembered refusal is forgotten. No failure policy applies: an error is
-    /// returned as it is.
+    /// One script call: a charge whatever the limits (the script's sync mode) or a
+    /// refund. No failure policy applies: an error is returned as it is.
     fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {
-        let (mode, units) = match actual.cmp(&reserved) {
-            std::cmp::Ordering::Equal => return StoreFuture::ready(Ok(())),
-            std::cmp::Ordering::Greater => (Mode::Sync, actual - reserved),
-            std::cmp::Ordering::Less => (Mode::Refund, reserved - actual),
-        };
-        let k = self.redis_key(key);
-        if let Some(n) = &self.inner.negative {
-            n.remove(&negative_key(k.clone(), policy));
+        match actual.cmp(&reserved) {
+            std::cmp::Ordering::Equal => StoreFuture::ready(Ok(())),
+            std::cmp::Ordering::Greater => self.update(key, policy, Mode::Sync, actual - reserved),
+            std::cmp::Ordering::Less => self.update(key, policy, Mode::Refund, reserved - actual),
         }
-        let limits = match script::limit_args(policy) {
-            Ok(l) => l,
-            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
-        };
-        let shared = self.inner.clone();
-        StoreFuture::boxed(async move {
-            shared
-                .guarded_call(&k, mode, units, &limits, true)
-                .await
-                .map(|_| ())
-        })
     }
 
-    /// One script call; the key's remembered refusals are forgotten (a ban answers
-    /// with a longer retry-after than they hold).
+    /// One script call (Lua numbers are exact below 2^53 ns, about 104 days).
     fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
-        let k = self.redis_key(key);
-        if let Some(n) = &self.inner.negative {
-            n.remove_prefix(&k);
-        }
-        let limits = match script::limit_args(policy) {
-            Ok(l) => l,
-            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
-        };
-        // Lua numbers are exact below 2^53 ns (about 104 days).
         let ns = u64::try_from(ban.as_nanos())
             .unwrap_or(u64::MAX)
             .min(1 << 52);
-        let shared = self.inner.clone();
-        StoreFuture::boxed(async move {
-            shared
-                .guarded_call(&k, Mode::Ban, ns, &limits, true)
-                .await
-                .map(|_| ())
-        })
+        self.update(key, policy, Mode::Ban, ns)
     }
 
     /// Deletes the key's state (one `DEL`) and forgets its remembered refusals.
     fn reset(&self, key: &K) -> StoreFuture<()> {
         let k = self.redis_key(key);
         if let Some(n) = &self.inner.negative {
-            n.remove_prefix(&k);
+            n.remove(&k);
         }
         let shared = self.inner.clone();
         StoreFuture::boxed(async move { shared.delete(&k).await })
     }
 
     /// Sends the refund in the background (when called inside a tokio runtime; otherwise
-    /// it is dropped) and forgets the key's remembered refusal.
+    /// it is dropped).
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {
-        let k = self.redis_key(key);
-        if let Some(n) = &self.inner.negative {
-            n.remove(&negative_key(k.clone(), policy));
-        }
-        let Ok(limits) = script::limit_args(policy) else {
-            return;
-        };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let shared = self.inner.clone();
-        handle.spawn(async move {
-            if let Err(e) = shared
-                .guarded_call(&k, Mode::Refund, cost, &limits, true)
-                .await
-            {
-                tracing::debug!(target: "tollgate::redis", error = %e, "refund not sent to Redis");
-            }
-        });
+        self.update(key, policy, Mode::Refund, cost)
+            .detach("a refund");
     }
 }
