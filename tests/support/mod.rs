@@ -59,15 +59,67 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
 #[derive(Clone, Default)]
 pub struct Events(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 
+thread_local! {
+    static CAPTURING: std::cell::RefCell<Option<Events>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Restores the thread's previous capture when dropped.
+pub struct CaptureGuard(Option<Events>);
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        CAPTURING.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// The process-wide subscriber: it is interested in every callsite and hands each event
+/// to the capture of the thread it happens on, if any. A thread-local default alone is
+/// not enough: a callsite first hit by another test, on another thread, while that
+/// default was being installed, can cache "never" for good, and the event is lost.
+struct ToCapturingThread;
+
+impl tracing::Subscriber for ToCapturingThread {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::always()
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        CAPTURING.with(|c| {
+            if let Some(events) = c.borrow().as_ref() {
+                tracing::Subscriber::event(events, event);
+            }
+        });
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 impl Events {
     /// Records this thread's events until the guard is dropped.
-    pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        let events = Events::default();
-        let guard = tracing::subscriber::set_default(events.clone());
-        // A callsite first hit by a test without a subscriber, on another thread, may
-        // have cached "never"; recompute every callsite's interest with this one live.
+    pub fn capture() -> (Self, CaptureGuard) {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            // Fails only if another global subscriber is set, which these tests never do.
+            tracing::subscriber::set_global_default(ToCapturingThread)
+                .expect("no other global subscriber in the tests");
+        });
+        // A callsite registered while the subscriber above was being installed may hold
+        // "never"; every registration after it asks that subscriber, which says "always".
         tracing::callsite::rebuild_interest_cache();
-        (events, guard)
+        let events = Events::default();
+        let previous = CAPTURING.with(|c| c.borrow_mut().replace(events.clone()));
+        (events, CaptureGuard(previous))
     }
 
     pub fn lines(&self) -> Vec<String> {
