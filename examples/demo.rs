@@ -27,11 +27,14 @@
 //! - `GET /export`:  at most 2 requests in flight per client IP (the handler takes
 //!   500 ms); a third at once is refused with `429` and
 //!   `RateLimit-Policy: "export";q=2;qu="concurrent-requests"`
+//! - `GET /fair`:    fair sharing per `x-api-key`: a pool of 20 per second (burst 20);
+//!   each key is guaranteed 4 per second and may borrow up to 16 per second while the
+//!   pool has room (alone a key gets 16/s; two busy keys 10/s each; ten 2/s each)
 //! - `GET /health`:  never limited, no rate-limit fields
 //! - every route: requests from `127.0.0.66` are denied (`403`), and each client IP gets
 //!   at most 100 per second, burst 200, across the whole site (the `edge` layer)
 //! - `GET /metrics`: every layer's decisions (labelled `token`, `strict`, `queue`, `api`,
-//!   `plan`, `shadow`, `login`, `edge`) in the Prometheus text format (feature `metrics`,
+//!   `plan`, `shadow`, `login`, `fair`, `edge`) in the Prometheus text format (feature `metrics`,
 //!   a default)
 //!
 //! ```sh
@@ -56,6 +59,7 @@ use axum::{
     Extension, Json, Router,
 };
 use tollgate::{
+    fair::{FairStore, MemoryFair, Share},
     inflight::{InFlightStore, MemoryInFlight},
     key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead},
     limiter::MissingKey,
@@ -63,7 +67,7 @@ use tollgate::{
     store::KeyBytes,
     store::MemoryStore,
     store::Store,
-    ConfigError, Decision, InFlightLimitLayer, Limit, Quota, RateLimitLayer,
+    ConfigError, Decision, FairLimitLayer, InFlightLimitLayer, Limit, Quota, RateLimitLayer,
 };
 
 /// Where limits live: this process, or Redis when `TOLLGATE_REDIS_URL` is set.
@@ -89,6 +93,21 @@ impl Stores {
             #[cfg(feature = "redis")]
             redis: None,
         })
+    }
+
+    /// Where a fair-sharing pool lives: this process, or Redis.
+    fn fair<K>(&self) -> Result<Arc<dyn FairStore<K>>, ConfigError>
+    where
+        K: Hash + Eq + Clone + Send + Sync + KeyBytes + 'static,
+    {
+        #[cfg(feature = "redis")]
+        if let Some(conn) = &self.redis {
+            let store = tollgate::fair::RedisFair::builder()
+                .namespace("tollgate-demo")
+                .build(conn.clone())?;
+            return Ok(Arc::new(store));
+        }
+        Ok(Arc::new(MemoryFair::new()))
     }
 
     /// Where in-flight requests are counted: this process, or leases in Redis.
@@ -238,6 +257,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .label("export")
         .build_with(stores.in_flight()?)?;
 
+    // Fair sharing per API key: a 20/s pool, each key guaranteed 4/s, up to 16/s.
+    let fair = FairLimitLayer::builder(
+        HeaderKey::new("x-api-key")?,
+        Quota::per_second(20)?.with_burst(20)?,
+    )
+    .share(Share::new(Quota::per_second(4)?, Quota::per_second(16)?)?)
+    .build_with(stores.fair()?)?;
+
     // Every route: a deny list and a site-wide cap per client IP; health checks exempt.
     let edge = RateLimitLayer::builder()
         .key(PeerIp::new())
@@ -274,6 +301,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .route("/admin/unban/{user}", post(unban))
         .route("/export", get(export).layer(exports))
+        .route("/fair", get(|| async { "fair: ok\n" }).layer(fair))
         .route("/health", get(|| async { "healthy\n" }));
     #[cfg(feature = "metrics")]
     let app = app.route(
@@ -324,6 +352,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -X POST http://{addr}/admin/unban/eve");
     println!("  # at most 2 exports in flight per client: 200 200 429");
     println!("  for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}}\\n' http://{addr}/export & sleep 0.05; done; wait");
+    println!(
+        "  # fair sharing: one key alone gets 16/s; RateLimit-Policy: \"fair\";q=4;w=1;borrow=12"
+    );
+    println!("  curl -i -H 'x-api-key: a' http://{addr}/fair");
     println!("  curl -i http://{addr}/health   # never limited, no rate-limit fields");
     println!("Requests from 127.0.0.66 are denied with 403 on every route (a deny list): curl -i --interface 127.0.0.66 http://{addr}/token");
     println!();

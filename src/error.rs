@@ -54,6 +54,8 @@ pub enum ConfigError {
     InvalidHeaderName(String),
     /// A store setting that cannot work (the message says which).
     Store(String),
+    /// A fair-sharing pool or share that cannot work (the message says which part).
+    Fair(String),
     /// A rollout share outside 0-100 percent.
     Percent(String),
     /// A policy written as text that does not parse: the part at fault and why.
@@ -108,6 +110,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidPrefix(p) => write!(f, "invalid address prefix length /{p}"),
             Self::InvalidHeaderName(h) => write!(f, "invalid header name {h:?}"),
             Self::Store(msg) => write!(f, "store configuration: {msg}"),
+            Self::Fair(msg) => write!(f, "fair sharing: {msg}"),
             Self::Percent(p) => write!(f, "{p} is not a percent in 0-100"),
             Self::Parse { part, reason } => write!(f, "in {part:?}: {reason}"),
             Self::Line { line, error } => write!(f, "line {line}: {error}"),

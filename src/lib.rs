@@ -79,6 +79,12 @@
 //! [`RateLimitLayer::reset`] forgets a key's state. [`InFlightLimitLayer`] bounds the
 //! requests of each key in flight at once (see [`inflight`]).
 //!
+//! # Fair sharing
+//!
+//! [`FairLimitLayer`] shares a pool among keys the way Linux's HTB shares a link: each
+//! key is guaranteed a rate and borrows the pool's spare capacity up to a ceiling, spare
+//! capacity going to the keys in proportion to their guarantees (see [`fair`]).
+//!
 //! # Responses
 //!
 //! See [`response`]. Every response carries `RateLimit-Policy` and `RateLimit`
@@ -188,6 +194,7 @@ pub mod clock;
 pub mod cost;
 pub mod decision;
 pub mod error;
+pub mod fair;
 mod future;
 pub mod generic;
 pub mod inflight;
@@ -204,6 +211,7 @@ pub mod store;
 pub use algorithm::Limit;
 pub use decision::Decision;
 pub use error::ConfigError;
+pub use fair::FairLimitLayer;
 pub use inflight::InFlightLimitLayer;
 pub use layer::{Builder, DecisionEvent, DefaultStore, RateLimitLayer};
 pub use policy::Policy;

@@ -1,0 +1,34 @@
+//! What a fair-sharing store is to the layer: the sealed [`FairStore`] trait.
+
+use std::sync::Arc;
+
+use super::share::{FairDecision, Pool, Share};
+use crate::store::StoreFuture;
+
+/// Where a pool and its keys' states live: [`MemoryFair`](super::MemoryFair) (the
+/// default, one process) or, with the feature `redis`, `RedisFair` (shared by every
+/// instance). Pass one to [`FairLimitBuilder::build_with`](super::FairLimitBuilder::build_with).
+///
+/// The trait is sealed: its methods are the layer's business and may change between
+/// releases. See the [module docs](super).
+pub trait FairStore<K>: sealed::Backend<K> {}
+
+/// A shared store, or one chosen at run time: `Arc<dyn FairStore<K>>`.
+impl<K, S: FairStore<K> + ?Sized> FairStore<K> for Arc<S> {}
+
+impl<K, S: FairStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
+    fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
+        (**self).decide(key, pool, share)
+    }
+}
+
+pub(crate) mod sealed {
+    use super::{FairDecision, Pool, Share, StoreFuture};
+
+    /// The store's side of the layer's contract.
+    pub trait Backend<K>: Send + Sync + 'static {
+        /// Decides one request of `key` (`None`: the one state keyless requests share)
+        /// under `share` of `pool`, atomically over the pool and the key.
+        fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision>;
+    }
+}

@@ -1,0 +1,412 @@
+//! Fair sharing with borrowing (`FairLimitLayer`), under a manual clock: greedy keys
+//! alone, within the pool's guarantees and oversubscribing it, on the memory store and
+//! on Redis, through the layer's public API.
+
+use std::{convert::Infallible, time::Duration};
+
+use axum::body::Body;
+use http::{Request, Response};
+use tollgate::{
+    clock::ManualClock,
+    fair::{FairStore, MemoryFair, Share},
+    key::{HeaderBytes, HeaderKey},
+    FairLimitLayer, Quota,
+};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+const SEC: u64 = 1_000_000_000;
+/// The greedy keys ask every 5 ms: 200 per second each, above any ceiling here.
+const TICK: u64 = 5_000_000;
+/// Decisions are counted from 2 s on (after the first bursts) for 10 s.
+const FROM: u64 = 2 * SEC;
+const SECS: u64 = 10;
+/// Start of the manual clock: a plausible time, in whole microseconds.
+const T0: u64 = 1_700_000_000 * SEC;
+
+fn share(guaranteed: u64, ceiling: u64) -> Share {
+    Share::new(
+        Quota::per_second(guaranteed).unwrap(),
+        Quota::per_second(ceiling).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The demo's pool: 20 per second, burst 20; keys named `big*` get `big`, the others
+/// `small`.
+fn layer<St: FairStore<HeaderBytes>>(
+    store: St,
+    small: Share,
+    big: Share,
+) -> FairLimitLayer<HeaderKey, St> {
+    FairLimitLayer::builder(
+        HeaderKey::new("x-api-key").unwrap(),
+        Quota::per_second(20).unwrap().with_burst(20).unwrap(),
+    )
+    .share_by(move |head| match head.headers().get("x-api-key") {
+        Some(k) if k.as_bytes().starts_with(b"big") => big,
+        _ => small,
+    })
+    .build_with(store)
+    .unwrap()
+}
+
+fn service<St: FairStore<HeaderBytes>>(
+    layer: FairLimitLayer<HeaderKey, St>,
+) -> impl Service<
+    Request<Body>,
+    Response = Response<tollgate::response::RateLimitBody<Body>>,
+    Error = Infallible,
+> + Clone {
+    ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) })
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::builder()
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// What a run admitted: (time since start in ns, key index), in order.
+struct Run {
+    admitted: Vec<(u64, usize)>,
+    statuses: Vec<u16>,
+}
+
+impl Run {
+    /// Admissions of key `i` in the measured window, per second.
+    fn rate(&self, i: usize) -> f64 {
+        let n = self
+            .admitted
+            .iter()
+            .filter(|&&(t, k)| k == i && (FROM..FROM + SECS * SEC).contains(&t))
+            .count();
+        n as f64 / SECS as f64
+    }
+
+    /// The pool's bound, checked from outside: every admission conforms to a token bucket
+    /// of 20 per second and burst 20 (a GCRA meter fed every admission).
+    fn assert_pool_never_exceeded(&self) {
+        let (t, cap) = (SEC / 20, 20 * (SEC / 20));
+        let mut tat = 0u64;
+        for &(at, _) in &self.admitted {
+            tat = tat.max(at) + t;
+            assert!(
+                tat - at <= cap,
+                "the pool admitted past its rate plus burst at {at} ns"
+            );
+        }
+    }
+}
+
+/// Every key asks once per tick, in an order rotated every tick, for 2 s + 10 s + 1 tick.
+async fn greedy<St: FairStore<HeaderBytes>>(
+    keys: &[&str],
+    store: St,
+    clock: &ManualClock,
+    small: Share,
+    big: Share,
+) -> Run {
+    let svc = service(layer(store, small, big));
+    let mut run = Run {
+        admitted: Vec::new(),
+        statuses: Vec::new(),
+    };
+    let mut elapsed = 0;
+    let mut turn = 0;
+    while elapsed <= FROM + SECS * SEC {
+        for j in 0..keys.len() {
+            let i = (turn + j) % keys.len();
+            let res = svc.clone().oneshot(request(keys[i])).await.unwrap();
+            let status = res.status().as_u16();
+            if status == 200 {
+                run.admitted.push((elapsed, i));
+            }
+            run.statuses.push(status);
+        }
+        turn += 1;
+        clock.advance(Duration::from_nanos(TICK));
+        elapsed += TICK;
+    }
+    run
+}
+
+fn memory(clock: &ManualClock) -> MemoryFair<HeaderBytes, ManualClock> {
+    MemoryFair::new().with_clock(clock.clone())
+}
+
+fn clock() -> ManualClock {
+    ManualClock::at(Duration::from_nanos(T0))
+}
+
+/// Whether `got` (per second over the measured 10 s) is within the measured tolerance
+/// of `want`: one request over the window, which is what counting whole requests
+/// allows (5/3 per second is 16.7 requests in 10 s); every run here lands within it.
+fn near(got: f64, want: f64) -> bool {
+    (got - want).abs() <= 1.0 / SECS as f64 + 1e-9
+}
+
+#[tokio::test]
+async fn one_greedy_key_alone_reaches_its_ceiling() {
+    let c = clock();
+    let run = greedy(&["a"], memory(&c), &c, share(4, 16), share(4, 16)).await;
+    eprintln!("alone: {:.2}/s", run.rate(0));
+    assert!(near(run.rate(0), 16.0), "{}", run.rate(0));
+    run.assert_pool_never_exceeded();
+}
+
+#[tokio::test]
+async fn keys_whose_guarantees_fit_get_at_least_their_guarantee() {
+    for n in [2usize, 5] {
+        let c = clock();
+        let names: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+        let run = greedy(&keys, memory(&c), &c, share(4, 16), share(4, 16)).await;
+        let rates: Vec<f64> = (0..n).map(|i| run.rate(i)).collect();
+        eprintln!("{n} greedy: {rates:.2?}");
+        for r in &rates {
+            // Each gets at least its guarantee, and the pool is split evenly.
+            assert!(*r >= 4.0, "{rates:?}");
+            assert!(near(*r, 20.0 / n as f64), "{rates:?}");
+        }
+        run.assert_pool_never_exceeded();
+    }
+}
+
+#[tokio::test]
+async fn an_oversubscribed_pool_is_shared_in_proportion_to_the_guarantees() {
+    // Ten keys guaranteed 4/s on a 20/s pool: 2/s each.
+    let c = clock();
+    let names: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    let run = greedy(&keys, memory(&c), &c, share(4, 16), share(4, 16)).await;
+    let rates: Vec<f64> = (0..10).map(|i| run.rate(i)).collect();
+    eprintln!("10 greedy: {rates:.2?}");
+    for r in &rates {
+        assert!(near(*r, 2.0), "{rates:?}");
+    }
+    run.assert_pool_never_exceeded();
+
+    // Unequal guarantees, oversubscribed: 3 keys at 6/s and 3 at 2/s (24/s on 20/s):
+    // 5/s and 5/3 per second.
+    let c = clock();
+    let keys = ["big0", "big1", "big2", "s0", "s1", "s2"];
+    let run = greedy(&keys, memory(&c), &c, share(2, 20), share(6, 20)).await;
+    let rates: Vec<f64> = (0..6).map(|i| run.rate(i)).collect();
+    eprintln!("3 x 6/s + 3 x 2/s: {rates:.2?}");
+    for (i, r) in rates.iter().enumerate() {
+        let want = if i < 3 { 5.0 } else { 5.0 / 3.0 };
+        assert!(near(*r, want), "{rates:?}");
+    }
+    run.assert_pool_never_exceeded();
+}
+
+#[tokio::test]
+async fn spare_capacity_is_shared_by_guaranteed_rate() {
+    // 6/s and 2/s guaranteed on 20/s: the 12/s spare goes 3:1, so 15/s and 5/s.
+    let c = clock();
+    let run = greedy(
+        &["big", "small"],
+        memory(&c),
+        &c,
+        share(2, 20),
+        share(6, 20),
+    )
+    .await;
+    let (big, small) = (run.rate(0), run.rate(1));
+    eprintln!("6/s + 2/s: {big:.2}/s, {small:.2}/s");
+    assert!(near(big, 15.0), "{big}");
+    assert!(near(small, 5.0), "{small}");
+    run.assert_pool_never_exceeded();
+}
+
+/// A key held at its ceiling leaves its share of the pool spare, and the others borrow
+/// it: 4/s (ceiling 5/s) beside a greedy 4/s (ceiling 16/s) gets 5/s, the other 15/s.
+#[tokio::test]
+async fn what_a_key_leaves_at_its_ceiling_is_borrowed_by_the_others() {
+    let c = clock();
+    let run = greedy(&["big", "small"], memory(&c), &c, share(4, 5), share(4, 16)).await;
+    let (big, small) = (run.rate(0), run.rate(1));
+    eprintln!("ceiling 16 + ceiling 5: {big:.2}/s, {small:.2}/s");
+    assert!(near(small, 5.0), "{small}");
+    assert!(near(big, 15.0), "{big}");
+    run.assert_pool_never_exceeded();
+}
+
+/// A key asking at its guaranteed rate among greedy ones is never refused.
+#[tokio::test]
+async fn a_key_under_its_guarantee_is_always_admitted() {
+    let c = clock();
+    let svc = service(layer(memory(&c), share(4, 16), share(4, 16)));
+    let mut refused_light = 0;
+    let mut elapsed = 0;
+    while elapsed <= 12 * SEC {
+        for key in ["g1", "g2", "g3"] {
+            svc.clone().oneshot(request(key)).await.unwrap();
+        }
+        // 4 per second, evenly.
+        if elapsed % (SEC / 4) == 0 {
+            let res = svc.clone().oneshot(request("light")).await.unwrap();
+            refused_light += usize::from(res.status() != 200);
+        }
+        c.advance(Duration::from_nanos(TICK));
+        elapsed += TICK;
+    }
+    assert_eq!(refused_light, 0);
+}
+
+#[tokio::test]
+async fn fields_report_the_guarantee_what_may_be_borrowed_and_an_exact_retry_after() {
+    let c = clock();
+    let svc = service(layer(memory(&c), share(4, 16), share(4, 16)));
+    let res = svc.clone().oneshot(request("a")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        "\"fair\";q=4;w=1;borrow=12"
+    );
+    // Alone, after its first request: the ceiling's burst leaves 15, the pool 19, the
+    // key's share (half the pool's burst at 16/s: 8) 7, and borrowing while the pool
+    // keeps half its burst 9: it may send 9 more at once.
+    assert_eq!(res.headers()["ratelimit"], "\"fair\";r=9;t=1");
+    let mut last = res;
+    while last.status() == 200 {
+        last = svc.clone().oneshot(request("a")).await.unwrap();
+    }
+    assert_eq!(last.status(), 429);
+    assert_eq!(last.headers()["retry-after"], "1");
+    assert_eq!(last.headers()["content-type"], "application/problem+json");
+    assert!(last.headers()["ratelimit"]
+        .to_str()
+        .unwrap()
+        .starts_with("\"fair\";r=0"));
+}
+
+#[test]
+fn bad_shares_and_pools_are_refused_naming_the_part() {
+    let e = Share::new(
+        Quota::per_second(10).unwrap(),
+        Quota::per_second(5).unwrap(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("ceiling"), "{e}");
+    let e = FairLimitLayer::builder(HeaderKey::new("x").unwrap(), Quota::per_second(5).unwrap())
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("share"), "{e}");
+    let e = FairLimitLayer::builder(HeaderKey::new("x").unwrap(), Quota::per_second(5).unwrap())
+        .share(share(1, 2))
+        .label("a{b}")
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("a{b}"), "{e}");
+    let e = FairLimitLayer::builder(HeaderKey::new("x").unwrap(), Quota::per_second(5).unwrap())
+        .share(share(1, 2))
+        .activity_period(Duration::from_nanos(1_500))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("activity period"), "{e}");
+}
+
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_support;
+
+#[cfg(feature = "redis")]
+mod on_redis {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use tollgate::{fair::RedisFair, store::RedisConnection};
+
+    use super::*;
+    use crate::redis_support::Target;
+
+    fn namespace() -> String {
+        static N: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "fair-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    async fn redis(url: &str, clock: &ManualClock) -> RedisFair {
+        RedisFair::builder()
+            .namespace(namespace())
+            .deadline(Duration::from_secs(5))
+            .clock(clock.clone())
+            .build(RedisConnection::connect(url).await.unwrap())
+            .unwrap()
+    }
+
+    /// The same greedy runs on Redis make the same decisions as in memory, request by
+    /// request, so every property shown above on memory holds on Redis.
+    #[tokio::test]
+    async fn redis_decides_exactly_as_memory() {
+        let Some(target) = Target::get() else { return };
+        let url = target.url();
+        let scenarios: [(&[&str], Share, Share); 4] = [
+            (&["a"], share(4, 16), share(4, 16)),
+            (&["k0", "k1", "k2", "k3", "k4"], share(4, 16), share(4, 16)),
+            (
+                &["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"],
+                share(4, 16),
+                share(4, 16),
+            ),
+            (&["big", "small"], share(2, 20), share(6, 20)),
+        ];
+        for (keys, small, big) in scenarios {
+            let c = clock();
+            let on_memory = greedy(keys, memory(&c), &c, small, big).await;
+            let c = clock();
+            let on_redis = greedy(keys, redis(&url, &c).await, &c, small, big).await;
+            assert_eq!(on_memory.statuses, on_redis.statuses, "{keys:?}");
+            on_redis.assert_pool_never_exceeded();
+            let rates: Vec<f64> = (0..keys.len()).map(|i| on_redis.rate(i)).collect();
+            eprintln!("redis, {} keys: {rates:.2?}", keys.len());
+        }
+    }
+
+    /// Two instances (two stores, two layers) on one Redis share one pool.
+    #[tokio::test]
+    async fn instances_share_the_pool() {
+        let Some(target) = Target::get() else { return };
+        let url = target.url();
+        let c = clock();
+        let ns = namespace();
+        let store = |c: ManualClock| {
+            let url = url.clone();
+            let ns = ns.clone();
+            async move {
+                RedisFair::builder()
+                    .namespace(ns)
+                    .deadline(Duration::from_secs(5))
+                    .clock(c)
+                    .build(RedisConnection::connect(&url).await.unwrap())
+                    .unwrap()
+            }
+        };
+        let a = service(layer(store(c.clone()).await, share(4, 16), share(4, 16)));
+        let b = service(layer(store(c.clone()).await, share(4, 16), share(4, 16)));
+        // Two keys, one on each instance, greedy: 10/s each, 20/s in all.
+        let mut admitted = [0u32; 2];
+        let mut elapsed = 0;
+        while elapsed < 4 * SEC {
+            if a.clone().oneshot(request("x")).await.unwrap().status() == 200 && elapsed >= SEC {
+                admitted[0] += 1;
+            }
+            if b.clone().oneshot(request("y")).await.unwrap().status() == 200 && elapsed >= SEC {
+                admitted[1] += 1;
+            }
+            c.advance(Duration::from_nanos(TICK));
+            elapsed += TICK;
+        }
+        eprintln!("two instances: {admitted:?} in 3 s");
+        assert!(
+            admitted.iter().all(|&n| (29..=31).contains(&n)),
+            "{admitted:?}"
+        );
+    }
+}
