@@ -383,7 +383,7 @@ fn patterns_are_what_they_say() {
     assert!(saw.windows(2).all(|w| w[0].at <= w[1].at));
     let on_off = sim::pattern("on-off:rate=100,on=500ms,off=500ms,for=2s").unwrap();
     assert_eq!(on_off.len(), 100);
-    assert!(on_off.iter().all(|a| (a.at / (500 * MS)) % 2 == 0));
+    assert!(on_off.iter().all(|a| (a.at / (500 * MS)).is_multiple_of(2)));
     // Zipf: the most popular key takes the largest share.
     let zipf = sim::pattern("zipf:keys=20,rate=1000,for=2s").unwrap();
     let mut by_key: BTreeMap<&str, usize> = BTreeMap::new();

@@ -47,7 +47,10 @@
 //! With the feature `redis`, `--redis URL` decides on a `RedisStore` (its clock overridden
 //! by the manual clock, a fresh namespace per run, no negative cache) instead of the
 //! in-memory store: `cargo run --example simulate --features redis -- --redis
-//! redis://127.0.0.1:6379 --pattern overload --policy "100/s burst 200"`.
+//! redis://127.0.0.1:6379 --pattern overload --policy "100/s burst 200"`. The Redis
+//! store decides on whole microseconds: on a trace whose times are finer (a rate such as
+//! 120/s) a queue's waits may differ from the in-memory store's by under a microsecond,
+//! which can move a departure across a sample of the series.
 //!
 //! Why an example and not a binary behind a feature: its dependencies (the plotting
 //! library) are dev-dependencies, so the crate's users never compile them.
@@ -166,7 +169,11 @@ async fn run_redis(
             .clock(clock.clone())
             .negative_cache(0)
             .deadline(std::time::Duration::from_secs(2))
-            .failure_policy(FailurePolicy::FailClosed)
+            // A failed call is reported (the replay stops on a decision not made by Redis),
+            // never replaced by a local one.
+            .failure_policy(FailurePolicy::FailClosed {
+                retry_after: std::time::Duration::from_secs(1),
+            })
             .build(conn.clone())
             .map_err(|e| SimError::new(format!("policy {:?} on Redis: {e}", p.label)))?;
         fates.push(sim::replay(&store, &clock, &p.policy, trace).await?);
