@@ -282,8 +282,7 @@ fn json_line(content: &str) -> Result<(String, String, u64), String> {
 // ---------------------------------------------------------------------------------------
 
 /// The patterns and their parameters with defaults, for `--help`.
-pub const PATTERNS: &str = "\
-  idle-burst   idle=5s n=200 over=100ms key=client     n requests evenly spread over `over`, after `idle`
+pub const PATTERNS: &str = "  idle-burst   idle=5s n=200 over=100ms key=client     n requests evenly spread over `over`, after `idle`
   overload     rate=300 for=2s key=client              `rate` per second, evenly spaced, for `for`
   sawtooth     peak=300 period=1s for=4s key=client    the rate ramps from 0 to `peak` per second over each period
   on-off       rate=300 on=500ms off=1s for=4s key=client   `rate` per second during `on`, nothing during `off`
