@@ -29,6 +29,27 @@
 //! assert_eq!(refused.outcome(), Outcome::Denied { retry_after: Duration::from_millis(100) });
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
+//!
+//! # What each algorithm does to a burst
+//!
+//! Measured, not drawn: the two scenarios of the founding article on token and leaky
+//! buckets, replayed through these functions (the in-memory store under a manual clock)
+//! by the `simulate` example, which also prints the tables and replays your own traffic
+//! (`cargo run --example simulate -- showcase` regenerates these charts). An admitted
+//! request is counted when it passes downstream: at once, or after a queue's wait.
+//!
+//! After 5 s idle, 200 requests in 100 ms against 100/s: the token bucket (burst 200)
+//! passes all 200 at once; the strict meter passes 10 (one per 10 ms) and refuses 190
+//! with `Retry-After: 1`; the queue of 200 admits all 200 and releases them at 100/s, the
+//! last after 1.89 s.
+//!
+#![doc = include_str!("../../docs/charts/idle-then-burst.svg")]
+//!
+//! At 300 per second for 2 s: the token bucket admits 399 (its burst of 200 at 300/s,
+//! then the rate), the meter 200 (the rate), the queue 400 (the rate plus the 200 it
+//! holds, each delayed up to 2 s); all refusals carry `Retry-After: 1`.
+//!
+#![doc = include_str!("../../docs/charts/sustained-overload.svg")]
 
 mod div;
 mod gcra;
