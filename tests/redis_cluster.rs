@@ -100,5 +100,70 @@ fn semantics_through_a_cluster() {
         let d = store.peek(&key, 1).await.unwrap();
         assert!(!d.is_allowed());
         assert!(d.retry_after().unwrap() <= Duration::from_millis(100));
+
+        // Fair sharing through the cluster: the pool and its keys carry one hash tag, so
+        // one script call decides both on one shard, exactly as in memory.
+        fair_through_the_cluster(&conn).await;
     });
+}
+
+async fn fair_through_the_cluster(conn: &RedisConnection) {
+    use std::convert::Infallible;
+
+    use axum::body::Body;
+    use http::{Request, Response};
+    use tollgate::{
+        clock::ManualClock,
+        fair::{FairStore, MemoryFair, RedisFair, Share},
+        key::{HeaderBytes, HeaderKey},
+        FairLimitLayer,
+    };
+    use tower::{ServiceBuilder, ServiceExt};
+
+    async fn statuses<St: FairStore<HeaderBytes>>(store: St, clock: &ManualClock) -> Vec<u16> {
+        let layer = FairLimitLayer::builder(
+            HeaderKey::new("x-api-key").unwrap(),
+            Quota::per_second(20).unwrap(),
+        )
+        .share(
+            Share::new(
+                Quota::per_second(4).unwrap(),
+                Quota::per_second(16).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build_with(store)
+        .unwrap();
+        let svc = ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(|_: Request<Body>| async {
+                Ok::<_, Infallible>(Response::new(Body::empty()))
+            });
+        let mut out = Vec::new();
+        for _ in 0..400 {
+            for key in ["a", "b", "c"] {
+                let req = Request::builder()
+                    .header("x-api-key", key)
+                    .body(Body::empty())
+                    .unwrap();
+                out.push(svc.clone().oneshot(req).await.unwrap().status().as_u16());
+            }
+            clock.advance(Duration::from_millis(5));
+        }
+        out
+    }
+
+    let start = Duration::from_secs(1_750_000_000);
+    let clock = ManualClock::at(start);
+    let on_memory = statuses(MemoryFair::new().with_clock(clock.clone()), &clock).await;
+    let clock = ManualClock::at(start);
+    let store = RedisFair::builder()
+        .namespace("cluster-fair")
+        .deadline(Duration::from_secs(5))
+        .clock(clock.clone())
+        .build(conn.clone())
+        .unwrap();
+    let on_cluster = statuses(store, &clock).await;
+    assert_eq!(on_memory, on_cluster);
+    assert!(on_cluster.contains(&429) && on_cluster.contains(&200));
 }

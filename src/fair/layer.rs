@@ -28,7 +28,8 @@ use crate::{
     error::{ConfigError, StoreError},
     future::take_ready,
     key::{Global, KeyExtractor, RequestHead},
-    limiter::{KeylessWarning, MissingKey, OnStoreError},
+    limiter::{KeylessWarning, MissingKey, OnStoreError, OncePerSecond},
+    observe::unix_secs,
     quota::Quota,
     response::RateLimitBody,
     response::{
@@ -61,7 +62,9 @@ struct Shared<X, St> {
     /// The `RateLimit-Policy` value of the one share, when there is one.
     policy: Option<HeaderValue>,
     body: Bytes,
-    warned: KeylessWarning,
+    keyless: KeylessWarning,
+    /// Store failures logged as a warning: the first of each second.
+    failures: OncePerSecond,
     /// `tollgate.rate_limit.requests` by result: admitted, refused.
     #[cfg(feature = "metrics")]
     requests: [metrics::Counter; 2],
@@ -346,7 +349,8 @@ impl<X> FairLimitBuilder<X> {
                 prefix,
                 policy,
                 body,
-                warned: KeylessWarning::default(),
+                keyless: KeylessWarning::default(),
+                failures: OncePerSecond::default(),
             }),
         })
     }
@@ -458,7 +462,11 @@ fn failed<X, St>(
     shared: &Shared<X, St>,
     e: &StoreError,
 ) -> Result<Fields<X, St>, Box<Response<Bytes>>> {
-    tracing::warn!(target: "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
+    if shared.failures.first(unix_secs()) {
+        tracing::warn!(target: "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
+    } else {
+        tracing::debug!(target: "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
+    }
     match shared.on_error {
         OnStoreError::FailClosed => Err(Box::new(plain(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -574,7 +582,7 @@ where
         let shared = &self.shared;
         let key = shared.key.extract(&req);
         if key.is_none() {
-            shared.warned.keyless(
+            shared.keyless.keyless(
                 &shared.key,
                 &req,
                 &shared.label,

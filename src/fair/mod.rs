@@ -78,6 +78,12 @@
 //! above could hold again, rounded up to seconds) and a problem body; a gRPC call gets
 //! `RESOURCE_EXHAUSTED` with a `RetryInfo`, as from [`RateLimitLayer`](crate::RateLimitLayer).
 //!
+//! Refusals are `INFO` events (target `tollgate`) with the layer's label, and decisions
+//! are counted in `tollgate.rate_limit.requests` with `tollgate.policy` = `fair`
+//! (feature `metrics`). A failed store follows [`FairLimitBuilder::on_store_error`]
+//! (by default the request is let through without fields), logged at `WARN` for the
+//! first failure of each second.
+//!
 //! # Stores
 //!
 //! [`MemoryFair`] (the default) holds the pool and the keys' states in this process;
