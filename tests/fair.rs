@@ -409,4 +409,68 @@ mod on_redis {
             "{admitted:?}"
         );
     }
+
+    /// Random interleavings of keys, shares and gaps (whole microseconds, as Redis
+    /// counts time): every response's status, `RateLimit` and `Retry-After` are the same
+    /// on Redis as in memory.
+    #[test]
+    fn random_sequences_decide_alike() {
+        use proptest::prelude::*;
+
+        let Some(target) = Target::get() else { return };
+        let url = target.url();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // Mostly short gaps on the 1 ms grid (where the boundaries between outcomes fall,
+        // the intervals here being whole milliseconds), so keys contend; sometimes a gap
+        // anywhere up to 3 s, across activity periods.
+        let gap = prop_oneof![
+            8 => (0u64..20).prop_map(|k| k * 1_000),
+            1 => 0u64..3_000_000,
+        ];
+        let ops = proptest::collection::vec((0usize..5, gap), 1..400);
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: 24,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&ops, |ops| {
+                rt.block_on(async {
+                    let answers = |store_is_redis: bool| {
+                        let ops = ops.clone();
+                        let url = url.clone();
+                        async move {
+                            let c = clock();
+                            let svc = if store_is_redis {
+                                let store: std::sync::Arc<dyn FairStore<HeaderBytes>> =
+                                    std::sync::Arc::new(redis(&url, &c).await);
+                                service(layer(store, share(2, 8), share(6, 20)))
+                            } else {
+                                let store: std::sync::Arc<dyn FairStore<HeaderBytes>> =
+                                    std::sync::Arc::new(memory(&c));
+                                service(layer(store, share(2, 8), share(6, 20)))
+                            };
+                            let mut out = Vec::new();
+                            for (key, gap_us) in ops {
+                                c.advance(Duration::from_micros(gap_us));
+                                let name = ["big0", "big1", "s0", "s1", "s2"][key];
+                                let res = svc.clone().oneshot(request(name)).await.unwrap();
+                                let h = |n: &str| {
+                                    res.headers().get(n).map(|v| v.to_str().unwrap().to_owned())
+                                };
+                                out.push((res.status().as_u16(), h("ratelimit"), h("retry-after")));
+                            }
+                            out
+                        }
+                    };
+                    let on_memory = answers(false).await;
+                    let on_redis = answers(true).await;
+                    prop_assert_eq!(on_memory, on_redis);
+                    Ok(())
+                })
+            })
+            .unwrap();
+    }
 }
