@@ -2,7 +2,7 @@
 //! as the middleware does on the same trace, the chart's structure, and bad input named by
 //! its line.
 
-#[path = "../examples/simulate/sim.rs"]
+#[path = "../examples/simulate/sim/mod.rs"]
 mod sim;
 
 use std::collections::BTreeMap;

@@ -143,48 +143,6 @@ async fn showcase(out: PathBuf) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Replays on Redis, each policy under a namespace of its own.
-#[cfg(feature = "redis")]
-async fn run_redis(
-    url: &str,
-    trace: &[Arrival],
-    policies: &[Named],
-) -> Result<sim::Report, SimError> {
-    use tollgate::{
-        clock::ManualClock,
-        store::{FailurePolicy, RedisConnection, RedisStore},
-    };
-    let conn = RedisConnection::connect(url)
-        .await
-        .map_err(|e| SimError::new(format!("connecting to {url}: {e}")))?;
-    // A namespace no earlier run wrote to: the process and the wall-clock time.
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut fates = Vec::new();
-    for (i, p) in policies.iter().enumerate() {
-        let clock = ManualClock::at(sim::BASE);
-        let store = RedisStore::builder(p.policy.clone())
-            .namespace(format!("tollgate-sim-{}-{run}-{i}", std::process::id()))
-            .clock(clock.clone())
-            .negative_cache(0)
-            .deadline(std::time::Duration::from_secs(2))
-            // A failed call is reported (the replay stops on a decision not made by Redis),
-            // never replaced by a local one.
-            .failure_policy(FailurePolicy::FailClosed {
-                retry_after: std::time::Duration::from_secs(1),
-            })
-            .build(conn.clone())
-            .map_err(|e| SimError::new(format!("policy {:?} on Redis: {e}", p.label)))?;
-        fates.push(sim::replay(&store, &clock, &p.policy, trace).await?);
-    }
-    Ok(sim::Report::new(
-        trace,
-        policies.iter().map(|p| p.label.clone()).collect(),
-        fates,
-    ))
-}
-
 async fn run(args: Args) -> Result<(), SimError> {
     if args.showcase {
         return showcase(args.out.unwrap_or_else(|| "docs/charts".into())).await;
@@ -202,7 +160,7 @@ async fn run(args: Args) -> Result<(), SimError> {
     }
     let report = match &args.redis {
         #[cfg(feature = "redis")]
-        Some(url) => run_redis(url, &trace, &args.policies).await?,
+        Some(url) => sim::run_redis(url, &trace, &args.policies).await?,
         #[cfg(not(feature = "redis"))]
         Some(_) => {
             return Err(SimError::new(
