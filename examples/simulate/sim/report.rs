@@ -155,7 +155,6 @@ pub fn table(runs: &[(&str, &Stats)]) -> String {
 #[derive(Debug, Clone)]
 pub struct Report {
     pub labels: Vec<String>,
-    pub fates: Vec<Vec<Fate>>,
     pub stats: Vec<Stats>,
     pub series: Vec<Vec<Point>>,
 }
@@ -173,7 +172,6 @@ impl Report {
                 .map(|f| series(trace, f, from, to, step))
                 .collect(),
             labels,
-            fates,
         }
     }
 
