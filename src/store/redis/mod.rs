@@ -100,6 +100,7 @@
 //! instances, a fallback share of `1.0` admits up to `N` times the limit while Redis is
 //! down: set the share to `1 / N` when that matters.
 
+mod batch;
 mod breaker;
 mod failure;
 pub(crate) mod keys;
