@@ -2,16 +2,17 @@
 //! a call is already in flight.
 //!
 //! A request that finds the connection's batcher idle goes out at once, alone, as the
-//! plain script call it would be without batching, so an idle caller never waits for a
-//! batch. Requests made while a call is in flight queue; when it completes, the queue goes
+//! plain script call it would be without batching, made from the caller's own task, so an
+//! idle caller never waits for a batch. Requests made while a call is in flight queue; when it completes, the queue goes
 //! out as ONE call of the batch script (at most [`MAX_BATCH`] requests; more wait for the
 //! next), which decides them in arrival order on the server, and each caller gets its own
 //! reply. One call is in flight at a time: the calls of a connection reach Redis in the
 //! order their requests were made.
 //!
-//! The calls are made by a task the first request spawns, which runs while there is
-//! something queued; a caller waits for its reply under its own deadline, and a request
-//! whose caller stopped waiting before its batch left is not sent.
+//! Queued requests are sent by a task spawned when the call in flight ends with something
+//! queued, which runs while there is; a queued caller waits for its reply under its own
+//! deadline, and a request whose caller stopped waiting before its batch left is not
+//! sent.
 
 use std::{
     collections::VecDeque,
@@ -75,29 +76,81 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends `request` at once when nothing is in flight, or with the next batch.
+    /// Sends `request` at once, from the caller's task, when nothing is in flight;
+    /// otherwise queues it for the next batch.
     pub(super) async fn submit(
         self: &Arc<Self>,
         conn: &ConnectionManager,
         request: Request,
     ) -> Reply {
-        let (tx, rx) = oneshot::channel();
-        let pending = Pending { request, reply: tx };
-        let first = {
+        let queued = {
             let mut state = self.state();
             if state.busy {
-                state.queue.push_back(pending);
-                None
+                let (tx, rx) = oneshot::channel();
+                state.queue.push_back(Pending { request, reply: tx });
+                Ok(rx)
             } else {
                 state.busy = true;
-                Some(pending)
+                Err(request)
             }
         };
-        if let Some(first) = first {
-            tokio::spawn(drive(self.clone(), conn.clone(), first));
+        let request = match queued {
+            Ok(rx) => {
+                return rx
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::backend("the batching task stopped")))
+            }
+            Err(request) => request,
+        };
+        let mut hand_off = HandOff {
+            batcher: self,
+            conn,
+            done: false,
+        };
+        let reply = one(&mut conn.clone(), &request).await;
+        hand_off.done = true;
+        self.hand_off(conn);
+        reply
+    }
+
+    /// After a call: idle again if nothing queued meanwhile, otherwise a task sends the
+    /// queue.
+    fn hand_off(self: &Arc<Self>, conn: &ConnectionManager) {
+        let mut state = self.state();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return;
         }
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::backend("the batching task stopped")))
+        let n = state.queue.len().min(MAX_BATCH);
+        let items: Vec<Pending> = state.queue.drain(..n).collect();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                drop(state);
+                rt.spawn(drive(self.clone(), conn.clone(), items));
+            }
+            // No runtime left to run it (the caller's future dropped during shutdown):
+            // the queued callers get an error.
+            Err(_) => {
+                state.busy = false;
+                state.queue.clear();
+            }
+        }
+    }
+}
+
+/// Hands the queue on when the caller making a call at once stops waiting for it (its
+/// deadline passed, or its future was dropped).
+struct HandOff<'a> {
+    batcher: &'a Arc<Batcher>,
+    conn: &'a ConnectionManager,
+    done: bool,
+}
+
+impl Drop for HandOff<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.batcher.hand_off(self.conn);
+        }
     }
 }
 
@@ -118,23 +171,23 @@ impl Drop for Idle<'_> {
     }
 }
 
-/// Makes calls until the queue is empty: `first` alone, then each batch queued meanwhile.
-async fn drive(batcher: Arc<Batcher>, mut conn: ConnectionManager, first: Pending) {
+/// Makes calls until the queue is empty: `items`, then each batch queued meanwhile.
+async fn drive(batcher: Arc<Batcher>, mut conn: ConnectionManager, mut items: Vec<Pending>) {
     let mut idle = Idle {
         batcher: &batcher,
         done: false,
     };
-    let mut items = vec![first];
     loop {
         // A caller that stopped waiting (its deadline passed) has had the failure
         // policy's decision: its request is not sent.
         items.retain(|p| !p.reply.is_closed());
-        if items.len() == 1 {
+        let woken = items.len();
+        if woken == 1 {
             if let Some(p) = items.pop() {
                 let reply = one(&mut conn, &p.request).await;
                 let _ = p.reply.send(reply);
             }
-        } else if !items.is_empty() {
+        } else if woken > 1 {
             let replies = batch(&mut conn, &items).await;
             for (i, p) in items.drain(..).enumerate() {
                 let reply = match &replies {
@@ -143,6 +196,10 @@ async fn drive(batcher: Arc<Batcher>, mut conn: ConnectionManager, first: Pendin
                 };
                 let _ = p.reply.send(reply);
             }
+            // The callers just answered usually ask again at once: let them queue before
+            // looking, so that the next batch takes them all rather than leaving them
+            // behind a call made for the first one alone.
+            tokio::task::yield_now().await;
         }
         let mut state = batcher.state();
         if state.queue.is_empty() {

@@ -163,11 +163,12 @@ fn general_tail(cmd: &mut redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
 }
 
 /// The batch script: `script.lua` and `script_gcra.lua` each wrapped, unchanged, in a
-/// function whose parameters `KEYS` and `ARGV` shadow the globals of a plain call, then
-/// `script_batch.lua`, which calls them once per request in order.
+/// function whose parameters `KEYS`, `ARGV` and `redis` shadow the globals of a plain
+/// call, then `script_batch.lua`, which calls them once per request in order, with its
+/// own `redis` that reads and writes the batch's keys in a table.
 pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "local function general(KEYS, ARGV)\n{}\nend\nlocal function gcra(KEYS, ARGV)\n{}\nend\n{}",
+        "local function general(KEYS, ARGV, redis)\n{}\nend\nlocal function gcra(KEYS, ARGV, redis)\n{}\nend\n{}",
         include_str!("script.lua"),
         include_str!("script_gcra.lua"),
         include_str!("script_batch.lua"),
