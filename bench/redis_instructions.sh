@@ -7,9 +7,10 @@
 # valgrind's callgrind, the benchmark (one side at a time, TOLLGATE_REDIS_SIDE) runs under
 # callgrind too. Once WARM decisions have been made (connections open, scripts loaded and
 # compiled), both counters are zeroed; SECS seconds later both are dumped and the counts
-# are divided by the decisions Redis made in between: its GET calls (every decision of
-# every side makes exactly one, inside its script; a batch call makes several). The
-# EVALSHA calls give the mean batch size (SECS must end before the
+# are divided by the decisions Redis made in between: its key lookups for reading,
+# keyspace hits plus misses (every decision of every side reads its key once: a GET in
+# its script, or its part of the batch script's MGET). The EVALSHA calls give the mean
+# batch size (SECS must end before the
 # benchmark does: it runs about 10 s under callgrind). Only the steady state is
 # counted. The store's deadline is raised to 60 s: under callgrind round trips take longer
 # than the default 200 ms, and decisions past it would fall back to the local limiter. Timed runs on a shared 2-core machine move by several percent between runs;
@@ -39,7 +40,7 @@ cleanup() {
 trap cleanup EXIT
 stat() { redis-cli -p "$PORT" info commandstats | awk -F'[=,]' "/cmdstat_$1:/ {print \$2}"; }
 evalsha() { stat evalsha; }
-gets() { stat get; }
+gets() { redis-cli -p "$PORT" info stats | awk -F: '/^keyspace_(hits|misses):/ {n += $2} END {print n + 0}'; }
 summary() { grep -h '^summary:' "$@" | awk '{print $2}' | tail -1; }
 
 echo "| side | callers | decisions counted | decisions per call | client instructions per decision | server instructions per decision | total |"

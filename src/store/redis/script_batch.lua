@@ -24,63 +24,62 @@ local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local value = {}
 local fetched = redis.call('MGET', unpack(KEYS))
 for i = 1, #KEYS do value[KEYS[i]] = fetched[i] end
--- Per key its last write ({ value, PX } or false for a delete), in first-write order.
-local writes, order = {}, {}
-local function write(k, w)
-  if writes[k] == nil then order[#order + 1] = k end
-  writes[k] = w
-end
--- What the scripts see as `redis`: GET, SET and DEL on the table; anything else (TIME,
--- which they only read without a time given) goes to Redis.
+-- Per key its last write: the value (false for a delete) and the PX; keys in first-write
+-- order.
+local wv, wp, order = {}, {}, {}
+-- What the scripts see as `redis`: GET, SET and DEL on the table; TIME, the only other
+-- command they make (and only without a time given), goes to Redis.
 local shim = {
-  call = function(cmd, ...)
-    local k, v, _, px = ...
+  call = function(cmd, k, v, _, px)
     if cmd == 'GET' then return value[k] end
-    if cmd == 'SET' then
-      value[k] = v
-      write(k, { v, px })
+    if cmd == 'SET' or cmd == 'DEL' then
+      if wv[k] == nil then order[#order + 1] = k end
+      if cmd == 'DEL' then v = false end
+      value[k], wv[k], wp[k] = v, v, px
       return true
     end
-    if cmd == 'DEL' then
-      value[k] = false
-      write(k, false)
-      return 1
-    end
-    return redis.call(cmd, ...)
+    return redis.call(cmd)
   end,
 }
 
-local out = {}
+local out, o = {}, 0
 local p = 1
 for i = 1, #KEYS do
+  -- Request i's arguments are ARGV[p + 2 ..]: the general script's ARGV[j] is
+  -- ARGV[p + 1 + j].
   local kind = ARGV[p]
   local argc = tonumber(ARGV[p + 1])
-  local A = {}
-  for j = 1, argc do A[j] = ARGV[p + 1 + j] end
-  p = p + 2 + argc
   local key = { KEYS[i] }
   local r
   if kind == '2' then
     shim.call('DEL', KEYS[i])
     r = {}
   else
-    if A[3] == '' then A[3] = clock end
+    local now = ARGV[p + 4]
+    if now == '' then now = clock end
     if kind == '1' then
       -- The fast script's arguments: mode, cost, T, cap, now, slack.
-      r = gcra(key, { A[1], A[2], A[8], A[10], A[3], A[4] }, shim)
+      r = gcra(key, { ARGV[p + 2], ARGV[p + 3], ARGV[p + 9], ARGV[p + 11], now, ARGV[p + 5] }, shim)
       -- {3}: a state written under other limits, which the general script converts.
       if r[1] == 3 and r[2] == nil then r = nil end
     end
-    if r == nil then r = general(key, A, shim) end
+    if r == nil then
+      local A = { unpack(ARGV, p + 2, p + 1 + argc) }
+      A[3] = now
+      r = general(key, A, shim)
+    end
   end
-  out[#out + 1] = #r
-  for j = 1, #r do out[#out + 1] = r[j] end
+  p = p + 2 + argc
+  o = o + 1
+  out[o] = #r
+  for j = 1, #r do out[o + j] = r[j] end
+  o = o + #r
 end
 
 for _, k in ipairs(order) do
-  local w = writes[k]
-  if w then
-    redis.call('SET', k, w[1], 'PX', w[2])
+  local v = wv[k]
+  if v then
+    redis.call('SET', k, v, 'PX', wp[k])
   else
     redis.call('DEL', k)
   end
