@@ -65,8 +65,47 @@ fn key_for(keys: Keys, task: usize, i: u64) -> u64 {
     }
 }
 
-/// Runs `tasks` tasks calling `decide` for `ROUND`; returns decisions per second.
-async fn drive<F, Fut>(decide: F, keys: Keys, tasks: usize) -> f64
+/// The server's CPU time so far, user plus system, in seconds (`INFO cpu`).
+async fn server_cpu(conn: &mut ConnectionManager) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// One side's round: decisions per second and the server's CPU time per decision (µs).
+#[derive(Clone, Copy)]
+struct Run {
+    rate: f64,
+    server_us: f64,
+}
+
+/// [`drive`], with the server's CPU time per decision.
+async fn measure<F, Fut>(conn: &mut ConnectionManager, decide: F, keys: Keys, tasks: usize) -> Run
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let before = server_cpu(conn).await;
+    let (rate, n) = drive(decide, keys, tasks).await;
+    let cpu = server_cpu(conn).await - before;
+    Run {
+        rate,
+        server_us: cpu * 1e6 / n.max(1) as f64,
+    }
+}
+
+/// Runs `tasks` tasks calling `decide` for `ROUND`; returns decisions per second and the
+/// decisions made.
+async fn drive<F, Fut>(decide: F, keys: Keys, tasks: usize) -> (f64, u64)
 where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -96,7 +135,8 @@ where
     for t in tasks {
         t.await.unwrap();
     }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    let n = done.load(Ordering::Relaxed);
+    (n as f64 / start.elapsed().as_secs_f64(), n)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -138,9 +178,9 @@ async fn main() {
 
     let mut seen = std::collections::HashSet::new();
     println!(
-        "| scenario | callers | batched (decisions/s) | unbatched | bare script | batched / unbatched | batched / bare (p25..p75) | unbatched / bare |"
+        "| scenario | callers | batched (decisions/s) | unbatched | bare script | batched / unbatched (p25..p75) | batched / bare | unbatched / bare | server CPU µs per decision: batched / unbatched / bare |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (name, quota, keys, tasks) in [
         ("one hot key, admitted", open, Keys::Hot, 64),
         ("100 000 random keys, admitted", open, Keys::Random, 64),
@@ -170,6 +210,7 @@ async fn main() {
             )
         };
         let (batched, unbatched) = (store(true), store(false));
+        let mut info = manager.clone();
         let t_us = quota.emission_interval().as_micros().max(1) as u64;
         let tau_us = (quota.burst() - 1) * t_us;
         let tollgate_side = |store: Arc<RedisStore>| {
@@ -197,9 +238,9 @@ async fn main() {
         if let Some(side) = &only_side {
             for _ in 0..ROUNDS {
                 match side.as_str() {
-                    "bare" => drive(bare_side.clone(), keys, tasks).await,
-                    "unbatched" => drive(tollgate_side(unbatched.clone()), keys, tasks).await,
-                    _ => drive(tollgate_side(batched.clone()), keys, tasks).await,
+                    "bare" => drive(bare_side.clone(), keys, tasks).await.0,
+                    "unbatched" => drive(tollgate_side(unbatched.clone()), keys, tasks).await.0,
+                    _ => drive(tollgate_side(batched.clone()), keys, tasks).await.0,
                 };
             }
             continue;
@@ -209,32 +250,41 @@ async fn main() {
             // Rotate the order so drift on the machine hits every side alike.
             for i in 0..3 {
                 match (round + i) % 3 {
-                    0 => b.push(drive(tollgate_side(batched.clone()), keys, tasks).await),
-                    1 => u.push(drive(tollgate_side(unbatched.clone()), keys, tasks).await),
-                    _ => bare.push(drive(bare_side.clone(), keys, tasks).await),
+                    0 => b.push(
+                        measure(&mut info, tollgate_side(batched.clone()), keys, tasks).await,
+                    ),
+                    1 => u.push(
+                        measure(&mut info, tollgate_side(unbatched.clone()), keys, tasks).await,
+                    ),
+                    _ => bare.push(measure(&mut info, bare_side.clone(), keys, tasks).await),
                 }
             }
         }
         // Ratios are medians of the per-round ratios: the sides of a round ran seconds
         // apart, so drift on the machine cancels in each.
-        let ratios = |x: &[f64], y: &[f64]| {
-            let mut r: Vec<f64> = x.iter().zip(y).map(|(a, b)| a / b).collect();
+        let ratios = |x: &[Run], y: &[Run]| {
+            let mut r: Vec<f64> = x.iter().zip(y).map(|(a, b)| a.rate / b.rate).collect();
             r.sort_by(f64::total_cmp);
             r
         };
         let bu = ratios(&b, &u);
         let bb = ratios(&b, &bare);
         let ub = ratios(&u, &bare);
+        let rate = |v: &[Run]| median(v.iter().map(|r| r.rate).collect());
+        let cpu = |v: &[Run]| median(v.iter().map(|r| r.server_us).collect());
         println!(
-            "| {name} | {tasks} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} ({:.2}..{:.2}) | {:.2} |",
-            median(b),
-            median(u),
-            median(bare),
+            "| {name} | {tasks} | {:.0} | {:.0} | {:.0} | {:.2} ({:.2}..{:.2}) | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} |",
+            rate(&b),
+            rate(&u),
+            rate(&bare),
             bu[ROUNDS / 2],
+            bu[ROUNDS / 4],
+            bu[ROUNDS - 1 - ROUNDS / 4],
             bb[ROUNDS / 2],
-            bb[ROUNDS / 4],
-            bb[ROUNDS - 1 - ROUNDS / 4],
             ub[ROUNDS / 2],
+            cpu(&b),
+            cpu(&u),
+            cpu(&bare),
         );
     }
 }
