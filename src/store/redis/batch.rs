@@ -256,7 +256,32 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
     for p in items {
         cmd.arg(&p.request.key);
     }
+    // Every distinct list of limits once (a store's requests share one), then the
+    // requests, each naming its list.
+    let mut lists: Vec<&[u64]> = Vec::new();
+    let mut which = Vec::with_capacity(items.len());
     for p in items {
+        let list = match &p.request.call {
+            Call::Script { limits, .. } => limits.as_slice(),
+            Call::Delete => &[],
+        };
+        let i = match lists.iter().position(|l| *l == list) {
+            Some(i) => i,
+            None => {
+                lists.push(list);
+                lists.len() - 1
+            }
+        };
+        which.push(i + 1);
+    }
+    cmd.arg(lists.len());
+    for l in &lists {
+        cmd.arg(l.len());
+        for a in *l {
+            cmd.arg(*a);
+        }
+    }
+    for (p, list) in items.iter().zip(which) {
         match &p.request.call {
             Call::Script {
                 mode,
@@ -264,7 +289,7 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
                 now_ns,
                 limits,
                 general,
-            } => script::batch_item(&mut cmd, *mode, *cost, *now_ns, limits, *general),
+            } => script::batch_item(&mut cmd, *mode, *cost, *now_ns, limits, *general, list),
             Call::Delete => script::batch_delete(&mut cmd),
         }
     }

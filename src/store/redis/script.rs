@@ -176,8 +176,9 @@ pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Appends one request of a batch (see `script_batch.lua`) to `cmd`: its kind (0 the
-/// general script, 1 the fast GCRA script first, 2 a delete), its argument count and the
-/// general script's arguments (the fast script's are a subset of them).
+/// general script, 1 the fast GCRA script first, 2 a delete), mode, cost, the time
+/// override and TTL slack, and the index of its limits among the batch's lists (sent
+/// once for every request under them).
 pub(super) fn batch_item(
     cmd: &mut redis::Cmd,
     mode: Mode,
@@ -185,18 +186,20 @@ pub(super) fn batch_item(
     now_ns: Option<u64>,
     limits: &[u64],
     general: bool,
+    list: usize,
 ) {
     let kind = u8::from(fast_args(mode, limits, general).is_some());
-    cmd.arg(kind)
-        .arg(4 + limits.len())
-        .arg(mode as u8)
-        .arg(cost.min(MAX_COST));
-    general_tail(cmd, now_ns, limits);
+    cmd.arg(kind).arg(mode as u8).arg(cost.min(MAX_COST));
+    match now_ns {
+        Some(ns) => cmd.arg(ns / 1000).arg(60_000u64),
+        None => cmd.arg("").arg(0u64),
+    };
+    cmd.arg(list);
 }
 
 /// Appends a delete to a batch.
 pub(super) fn batch_delete(cmd: &mut redis::Cmd) {
-    cmd.arg(2u8).arg(0u8);
+    cmd.arg(2u8).arg(0u8).arg(0u8).arg("").arg(0u8).arg(1u8);
 }
 
 /// `(T, cap)` when the limit arguments describe one GCRA-based limit.

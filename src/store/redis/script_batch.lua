@@ -3,9 +3,10 @@
 -- `general` and `gcra`).
 --
 -- KEYS[i]  request i's key
--- ARGV     per request, in order: kind (0 the general script, 1 the fast GCRA script,
---          2 delete the key), the number of arguments that follow, then the general
---          script's arguments (mode, cost, now or '', TTL slack, shadow, limits...)
+-- ARGV     the number of lists of limits, then each list: its length, then the general
+--          script's limit arguments (shadow, number of limits, per limit...); then per
+--          request, in order: kind (0 the general script, 1 the fast GCRA script, 2
+--          delete the key), mode, cost, now or '', TTL slack, and the index of its list
 --
 -- Requests are decided one after the other, each exactly as its own call would be: a
 -- request sees every earlier one's write, the same key twice included. What makes a
@@ -42,34 +43,37 @@ local shim = {
   end,
 }
 
+local lists = {}
+local p = 2
+for l = 1, tonumber(ARGV[1]) do
+  local m = tonumber(ARGV[p])
+  lists[l] = { unpack(ARGV, p + 1, p + m) }
+  p = p + 1 + m
+end
+
 local out, o = {}, 0
-local p = 1
 for i = 1, #KEYS do
-  -- Request i's arguments are ARGV[p + 2 ..]: the general script's ARGV[j] is
-  -- ARGV[p + 1 + j].
   local kind = ARGV[p]
-  local argc = tonumber(ARGV[p + 1])
   local key = { KEYS[i] }
   local r
   if kind == '2' then
     shim.call('DEL', KEYS[i])
     r = {}
   else
-    local now = ARGV[p + 4]
+    local now = ARGV[p + 3]
     if now == '' then now = clock end
+    local lim = lists[tonumber(ARGV[p + 5])]
     if kind == '1' then
       -- The fast script's arguments: mode, cost, T, cap, now, slack.
-      r = gcra(key, { ARGV[p + 2], ARGV[p + 3], ARGV[p + 9], ARGV[p + 11], now, ARGV[p + 5] }, shim)
+      r = gcra(key, { ARGV[p + 1], ARGV[p + 2], lim[4], lim[6], now, ARGV[p + 4] }, shim)
       -- {3}: a state written under other limits, which the general script converts.
       if r[1] == 3 and r[2] == nil then r = nil end
     end
     if r == nil then
-      local A = { unpack(ARGV, p + 2, p + 1 + argc) }
-      A[3] = now
-      r = general(key, A, shim)
+      r = general(key, { ARGV[p + 1], ARGV[p + 2], now, ARGV[p + 4], unpack(lim) }, shim)
     end
   end
-  p = p + 2 + argc
+  p = p + 6
   o = o + 1
   out[o] = #r
   for j = 1, #r do out[o + j] = r[j] end
