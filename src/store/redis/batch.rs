@@ -86,6 +86,11 @@ impl Batcher {
         let queued = {
             let mut state = self.state();
             if state.busy {
+                // A stalled call keeps the queue growing: requests whose callers gave up
+                // are dropped now and then rather than at the next batch only.
+                if state.queue.len() >= 8 * MAX_BATCH {
+                    state.queue.retain(|p| !p.reply.is_closed());
+                }
                 let (tx, rx) = oneshot::channel();
                 state.queue.push_back(Pending { request, reply: tx });
                 Ok(rx)
