@@ -287,8 +287,9 @@ impl RedisStoreBuilder {
     /// policy on its own; a failed batch call fails each request in it. On a Redis
     /// Cluster connection calls are never batched (the keys of one call would have to
     /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
-    /// stores built on clones of one connection batch together. See the
-    /// [module docs](super).
+    /// stores built on clones of one connection batch together. A
+    /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
+    /// does not batch. See the [module docs](super).
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self
