@@ -1,15 +1,18 @@
-//! Redis store throughput: decisions per second through tollgate's `RedisStore` versus the
-//! same redis-rs `ConnectionManager` calling a bare, hand-rolled GCRA script directly.
-//! Both sides run 64 concurrent tasks on one connection for a fixed time, in interleaved
-//! rounds; the table reports each side's median and the median of the per-round ratios.
+//! Redis store throughput: decisions per second through tollgate's `RedisStore`, batching
+//! (the default) and with batching off, versus the same redis-rs `ConnectionManager`
+//! calling a bare, hand-rolled GCRA script directly, one call per decision. Every side
+//! runs the row's concurrent tasks (64, or 1) on one connection for a fixed time, in
+//! interleaved rounds; the table reports each side's median and the medians of the
+//! per-round ratios.
 //!
 //! ```sh
 //! cargo bench --features redis --bench redis      # starts its own redis-server
 //! REDIS_URL=redis://127.0.0.1:6379 cargo bench --features redis --bench redis
 //! ```
 //!
-//! Scenarios: one hot key admitted throughout; random keys (100 000 of them); and a hot key
-//! that is refused, where tollgate's negative cache answers locally until the retry-after.
+//! Scenarios: one hot key admitted throughout; random keys (100 000 of them), with 64
+//! callers and with one; and a hot key that is refused, where tollgate's negative cache
+//! answers locally until the retry-after.
 
 #[path = "../tests/support/redis.rs"]
 mod support;
@@ -28,8 +31,7 @@ use tollgate::{
     Limit, Quota,
 };
 
-const TASKS: usize = 64;
-const ROUND: Duration = Duration::from_millis(1500);
+const ROUND: Duration = Duration::from_millis(1000);
 const ROUNDS: usize = 7;
 const KEYS: u64 = 100_000;
 
@@ -63,8 +65,47 @@ fn key_for(keys: Keys, task: usize, i: u64) -> u64 {
     }
 }
 
-/// Runs `TASKS` tasks calling `decide` for `ROUND`; returns decisions per second.
-async fn drive<F, Fut>(decide: F, keys: Keys) -> f64
+/// The server's CPU time so far, user plus system, in seconds (`INFO cpu`).
+async fn server_cpu(conn: &mut ConnectionManager) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// One side's round: decisions per second and the server's CPU time per decision (µs).
+#[derive(Clone, Copy)]
+struct Run {
+    rate: f64,
+    server_us: f64,
+}
+
+/// [`drive`], with the server's CPU time per decision.
+async fn measure<F, Fut>(conn: &mut ConnectionManager, decide: F, keys: Keys, tasks: usize) -> Run
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let before = server_cpu(conn).await;
+    let (rate, n) = drive(decide, keys, tasks).await;
+    let cpu = server_cpu(conn).await - before;
+    Run {
+        rate,
+        server_us: cpu * 1e6 / n.max(1) as f64,
+    }
+}
+
+/// Runs `tasks` tasks calling `decide` for `ROUND`; returns decisions per second and the
+/// decisions made.
+async fn drive<F, Fut>(decide: F, keys: Keys, tasks: usize) -> (f64, u64)
 where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -72,7 +113,7 @@ where
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let tasks: Vec<_> = (0..TASKS)
+    let tasks: Vec<_> = (0..tasks)
         .map(|task| {
             let (decide, stop, done) = (decide.clone(), stop.clone(), done.clone());
             tokio::spawn(async move {
@@ -94,7 +135,8 @@ where
     for t in tasks {
         t.await.unwrap();
     }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    let n = done.load(Ordering::Relaxed);
+    (n as f64 / start.elapsed().as_secs_f64(), n)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -127,15 +169,23 @@ async fn main() {
             .and_then(|ms| ms.parse().ok())
             .unwrap_or(200),
     );
+    // `TOLLGATE_REDIS_SIDE=batched` (or `unbatched`, `bare`) runs one side only, for
+    // profilers; `TOLLGATE_REDIS_TASKS` then sets the number of callers (default 64).
+    let only_side = std::env::var("TOLLGATE_REDIS_SIDE").ok();
+    let only_tasks = std::env::var("TOLLGATE_REDIS_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok());
 
+    let mut seen = std::collections::HashSet::new();
     println!(
-        "| scenario | tollgate RedisStore (decisions/s) | bare GCRA script (decisions/s) | ratio (median of rounds) | p25..p75 |"
+        "| scenario | callers | batched (decisions/s) | unbatched | bare script | batched / unbatched (p25..p75) | batched / bare | unbatched / bare | server CPU µs per decision: batched / unbatched / bare |"
     );
-    println!("|---|---|---|---|---|");
-    for (name, quota, keys) in [
-        ("one hot key, admitted", open, Keys::Hot),
-        ("100 000 random keys, admitted", open, Keys::Random),
-        ("one hot key, refused (negative cache)", shut, Keys::Hot),
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, quota, keys, tasks) in [
+        ("one hot key, admitted", open, Keys::Hot, 64),
+        ("100 000 random keys, admitted", open, Keys::Random, 64),
+        ("100 000 random keys, admitted", open, Keys::Random, 1),
+        ("one hot key, refused (negative cache)", shut, Keys::Hot, 64),
     ] {
         // `TOLLGATE_REDIS_SCENARIO=random` (say) runs only the matching scenarios.
         if let Ok(only) = std::env::var("TOLLGATE_REDIS_SCENARIO") {
@@ -143,78 +193,98 @@ async fn main() {
                 continue;
             }
         }
-        let store = Arc::new(
-            RedisStore::builder(Limit::token_bucket(quota).unwrap())
-                .namespace(format!("bench-{}", name.len()))
-                .deadline(deadline)
-                .build(RedisConnection::from(manager.clone()))
-                .unwrap(),
-        );
+        let tasks = only_tasks.unwrap_or(tasks);
+        if !seen.insert((name, tasks)) {
+            continue;
+        }
+        let store = |batching: bool| {
+            Arc::new(
+                RedisStore::builder(Limit::token_bucket(quota).unwrap())
+                    .namespace(format!("bench-{}", name.len()))
+                    .deadline(deadline)
+                    .batching(batching)
+                    // Each store its own connection handle, so that the batched store's
+                    // batcher is its own.
+                    .build(RedisConnection::from(manager.clone()))
+                    .unwrap(),
+            )
+        };
+        let (batched, unbatched) = (store(true), store(false));
+        let mut info = manager.clone();
         let t_us = quota.emission_interval().as_micros().max(1) as u64;
         let tau_us = (quota.burst() - 1) * t_us;
-        let (mut ours, mut bare) = (Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
-            let tollgate_side = {
+        let tollgate_side = |store: Arc<RedisStore>| {
+            move |k: u64| {
                 let store = store.clone();
-                move |k: u64| {
-                    let store = store.clone();
-                    async move { store.check(&k, 1).await.unwrap().is_allowed() }
-                }
-            };
-            let bare_side = {
-                let (script, manager) = (script.clone(), manager.clone());
-                move |k: u64| {
-                    let (script, mut conn) = (script.clone(), manager.clone());
-                    async move {
-                        let r: (i64, i64) = script
-                            .key(format!("bench-bare:{k}"))
-                            .arg(t_us)
-                            .arg(tau_us)
-                            .invoke_async(&mut conn)
-                            .await
-                            .unwrap();
-                        r.0 == 1
-                    }
-                }
-            };
-            // `TOLLGATE_REDIS_SIDE=tollgate` (or `bare`) runs one side only, for profilers.
-            match std::env::var("TOLLGATE_REDIS_SIDE").as_deref() {
-                Ok("tollgate") => {
-                    ours.push(drive(tollgate_side, keys).await);
-                    bare.push(1.0);
-                    continue;
-                }
-                Ok("bare") => {
-                    bare.push(drive(bare_side, keys).await);
-                    ours.push(1.0);
-                    continue;
-                }
-                _ => {}
+                async move { store.check(&k, 1).await.unwrap().is_allowed() }
             }
-            // Interleave the order so drift on the machine hits both sides alike.
-            if round % 2 == 0 {
-                ours.push(drive(tollgate_side, keys).await);
-                bare.push(drive(bare_side, keys).await);
-            } else {
-                bare.push(drive(bare_side, keys).await);
-                ours.push(drive(tollgate_side, keys).await);
+        };
+        let bare_side = {
+            let (script, manager) = (script.clone(), manager.clone());
+            move |k: u64| {
+                let (script, mut conn) = (script.clone(), manager.clone());
+                async move {
+                    let r: (i64, i64) = script
+                        .key(format!("bench-bare:{k}"))
+                        .arg(t_us)
+                        .arg(tau_us)
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap();
+                    r.0 == 1
+                }
+            }
+        };
+        if let Some(side) = &only_side {
+            for _ in 0..ROUNDS {
+                match side.as_str() {
+                    "bare" => drive(bare_side.clone(), keys, tasks).await.0,
+                    "unbatched" => drive(tollgate_side(unbatched.clone()), keys, tasks).await.0,
+                    _ => drive(tollgate_side(batched.clone()), keys, tasks).await.0,
+                };
+            }
+            continue;
+        }
+        let (mut b, mut u, mut bare) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            // Rotate the order so drift on the machine hits every side alike.
+            for i in 0..3 {
+                match (round + i) % 3 {
+                    0 => b.push(
+                        measure(&mut info, tollgate_side(batched.clone()), keys, tasks).await,
+                    ),
+                    1 => u.push(
+                        measure(&mut info, tollgate_side(unbatched.clone()), keys, tasks).await,
+                    ),
+                    _ => bare.push(measure(&mut info, bare_side.clone(), keys, tasks).await),
+                }
             }
         }
-        // The ratio is the median of the per-round ratios: the two sides of a round ran
-        // seconds apart, so drift on the machine cancels in each.
-        let ratios = ours
-            .iter()
-            .zip(&bare)
-            .map(|(o, b)| o / b)
-            .collect::<Vec<_>>();
-        let r = median(ratios.clone());
-        let mut sorted = ratios;
-        sorted.sort_by(f64::total_cmp);
-        let (o, b) = (median(ours), median(bare));
+        // Ratios are medians of the per-round ratios: the sides of a round ran seconds
+        // apart, so drift on the machine cancels in each.
+        let ratios = |x: &[Run], y: &[Run]| {
+            let mut r: Vec<f64> = x.iter().zip(y).map(|(a, b)| a.rate / b.rate).collect();
+            r.sort_by(f64::total_cmp);
+            r
+        };
+        let bu = ratios(&b, &u);
+        let bb = ratios(&b, &bare);
+        let ub = ratios(&u, &bare);
+        let rate = |v: &[Run]| median(v.iter().map(|r| r.rate).collect());
+        let cpu = |v: &[Run]| median(v.iter().map(|r| r.server_us).collect());
         println!(
-            "| {name} | {o:.0} | {b:.0} | {r:.2} | {:.2}..{:.2} |",
-            sorted[ROUNDS / 4],
-            sorted[ROUNDS - 1 - ROUNDS / 4]
+            "| {name} | {tasks} | {:.0} | {:.0} | {:.0} | {:.2} ({:.2}..{:.2}) | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} |",
+            rate(&b),
+            rate(&u),
+            rate(&bare),
+            bu[ROUNDS / 2],
+            bu[ROUNDS / 4],
+            bu[ROUNDS - 1 - ROUNDS / 4],
+            bb[ROUNDS / 2],
+            ub[ROUNDS / 2],
+            cpu(&b),
+            cpu(&u),
+            cpu(&bare),
         );
     }
 }

@@ -9,7 +9,7 @@ mod redis_support;
 
 use std::time::Duration;
 
-use equiv::{compare, ops_strategy, policies_strategy};
+use equiv::{compare, compare_concurrent, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{stored_words, Target};
 use tollgate::{
@@ -43,6 +43,32 @@ fn equivalent_to_memory_store() {
         .run(
             &(policies_strategy(), ops_strategy(), start),
             |(policies, ops, start)| rt.block_on(compare(&conn, &policies, start, &ops)),
+        )
+        .unwrap();
+}
+
+/// The batching path: up to `window` operations in flight at once on one connection, so
+/// the batcher sends the first alone and the rest as batch calls; every decision must
+/// still be the in-memory store's, made one after the other (the same key in every
+/// request, so a batch that reordered or mixed up replies would be caught).
+#[test]
+fn equivalent_to_memory_store_through_batches() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    let conn = rt
+        .block_on(RedisConnection::connect(&target.url()))
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 100,
+        ..Config::default()
+    });
+    let start = 1_750_000_000_000_000u64..1_760_000_000_000_000u64;
+    runner
+        .run(
+            &(policies_strategy(), ops_strategy(), start, 2usize..64),
+            |(policies, ops, start, window)| {
+                rt.block_on(compare_concurrent(&conn, &policies, start, &ops, window))
+            },
         )
         .unwrap();
 }

@@ -3,14 +3,17 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
+    future::Future,
+    pin::Pin,
     sync::atomic::{AtomicU64, Ordering},
+    task::Poll,
     time::Duration,
 };
 
 use proptest::{prelude::*, test_runner::TestCaseError};
 use tollgate::{
     clock::{Clock, ManualClock},
-    decision::Source,
+    decision::{Decision, Source},
     store::{MemoryStore, RedisConnection, RedisStore, Store},
     Limit, Policy, Quota,
 };
@@ -70,12 +73,35 @@ static KEY: AtomicU64 = AtomicU64::new(0);
 /// microseconds past the Unix epoch, and compares every decision. Each operation is
 /// decided under one of `policies`: on Redis by a store built for that policy (instances
 /// with other configurations, sharing the key's state), in memory by one store told the
-/// policy per call.
+/// policy per call. One operation at a time: see [`compare_concurrent`].
 pub async fn compare(
     conn: &RedisConnection,
     policies: &[Policy],
     start_us: u64,
     ops: &[Op],
+) -> Result<(), TestCaseError> {
+    compare_concurrent(conn, policies, start_us, ops, 1).await
+}
+
+/// What the in-memory store answered to one operation, to compare with Redis's answer.
+enum Expected {
+    Decision(Decision, String),
+    Done,
+}
+
+type Pending<'a> = Pin<Box<dyn Future<Output = (Expected, Option<Decision>)> + 'a>>;
+
+/// [`compare`], with up to `window` operations in flight on Redis at once: each is
+/// started in order (at its time on the clock, which is when its request is made), and
+/// the window is awaited when full. On a single node the connection's batcher then sends
+/// the first alone and the others queued behind it as one batch call, which must decide
+/// them exactly as the in-memory store decides them one after the other.
+pub async fn compare_concurrent(
+    conn: &RedisConnection,
+    policies: &[Policy],
+    start_us: u64,
+    ops: &[Op],
+    window: usize,
 ) -> Result<(), TestCaseError> {
     let key = format!(
         "eq-{}-{}",
@@ -97,66 +123,85 @@ pub async fn compare(
         })
         .collect();
     let mem = MemoryStore::<String, _>::new(policies[0].clone()).with_clock(clock.clone());
+    let mut pending: Vec<Pending<'_>> = Vec::new();
     for (i, &(gap, cost, op, which)) in ops.iter().enumerate() {
         clock.advance(Duration::from_micros(gap));
         let now = clock.now();
         let w = which as usize % policies.len();
         let (store, policy) = (&stores[w], &policies[w]);
-        match op {
+        let key = &key;
+        let mut fut: Pending<'_> = match op {
             0..=6 => {
-                let r = store.check(&key, cost).await.unwrap();
-                let m = Store::decide(&mem, &key, policy, cost)
+                let m = Store::decide(&mem, key, policy, cost)
                     .await
                     .unwrap()
                     .with_source(Source::Store);
-                prop_assert_eq!(
-                    r,
-                    m,
-                    "check #{} cost {} at +{}ns under policy {}\npolicies {:?}",
-                    i,
-                    cost,
-                    now - start_us * 1000,
-                    w,
-                    policies
+                let what = format!(
+                    "check #{i} cost {cost} at +{}ns under policy {w}\npolicies {policies:?}",
+                    now - start_us * 1000
                 );
+                Box::pin(async move {
+                    let r = store.check(key, cost).await.unwrap();
+                    (Expected::Decision(m, what), Some(r))
+                })
             }
             7 | 8 => {
-                let r = store.peek(&key, cost).await.unwrap();
-                let m = Store::preview(&mem, &key, policy, cost)
+                let m = Store::preview(&mem, key, policy, cost)
                     .await
                     .unwrap()
                     .with_source(Source::Store);
-                prop_assert_eq!(
-                    r,
-                    m,
-                    "peek #{} cost {} under policy {}\npolicies {:?}",
-                    i,
-                    cost,
-                    w,
-                    policies
-                );
+                let what = format!("peek #{i} cost {cost} under policy {w}\npolicies {policies:?}");
+                Box::pin(async move {
+                    let r = store.peek(key, cost).await.unwrap();
+                    (Expected::Decision(m, what), Some(r))
+                })
             }
             9 => {
-                store.refund_confirmed(&key, cost).await.unwrap();
-                Store::refund(&mem, &key, policy, cost);
+                Store::refund(&mem, key, policy, cost);
+                Box::pin(async move {
+                    store.refund_confirmed(key, cost).await.unwrap();
+                    (Expected::Done, None)
+                })
             }
             10 | 11 => {
                 let actual = if op == 10 { cost * 2 + 1 } else { cost / 2 };
-                Store::settle(store, &key, policy, cost, actual)
+                Store::settle(&mem, key, policy, cost, actual)
                     .await
                     .unwrap();
-                Store::settle(&mem, &key, policy, cost, actual)
-                    .await
-                    .unwrap();
+                Box::pin(async move {
+                    Store::settle(store, key, policy, cost, actual)
+                        .await
+                        .unwrap();
+                    (Expected::Done, None)
+                })
             }
             12 => {
-                Store::reset(store, &key).await.unwrap();
-                Store::reset(&mem, &key).await.unwrap();
+                Store::reset(&mem, key).await.unwrap();
+                Box::pin(async move {
+                    Store::reset(store, key).await.unwrap();
+                    (Expected::Done, None)
+                })
             }
             _ => {
                 let ban = Duration::from_micros(cost * 1_700 + 3);
-                Store::ban(store, &key, policy, ban).await.unwrap();
-                Store::ban(&mem, &key, policy, ban).await.unwrap();
+                Store::ban(&mem, key, policy, ban).await.unwrap();
+                Box::pin(async move {
+                    Store::ban(store, key, policy, ban).await.unwrap();
+                    (Expected::Done, None)
+                })
+            }
+        };
+        // Polled once now, so that the request is made at this point of the clock and in
+        // this order; finished later.
+        match std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+            Poll::Ready(out) => pending.push(Box::pin(std::future::ready(out))),
+            Poll::Pending => pending.push(fut),
+        }
+        if pending.len() >= window || i + 1 == ops.len() {
+            for fut in pending.drain(..) {
+                if let (Expected::Decision(m, what), Some(r)) = fut.await {
+                    prop_assert_eq!(r, m, "{}", what);
+                }
             }
         }
     }

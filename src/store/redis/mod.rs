@@ -75,6 +75,32 @@
 //! transitions are `tracing` events (target `tollgate::redis`): `warn` when it opens,
 //! `info` when it half-opens and closes; failed calls are `debug` events.
 //!
+//! # Batching
+//!
+//! Concurrent decisions through one connection are coalesced
+//! ([`RedisStoreBuilder::batching`], on by default). A request that finds no call of its
+//! [`RedisConnection`] in flight goes out at once, alone, as the plain script call (from
+//! the caller's own task), so an idle caller never waits for a batch. Requests made while
+//! a call is in flight queue; when it completes, the queue (up to 128 requests) goes out
+//! as one `EVALSHA` of a batch script, which runs the same two scripts once per request,
+//! in arrival order: each request is decided exactly as its own call would be, and a
+//! later request sees an earlier one's write (the same key twice included). Redis then
+//! parses one command, enters Lua once, reads `TIME` once, reads every key with one
+//! `MGET` and writes each key once at the end (its last state and TTL: time stands still
+//! inside a script, so that is the state the separate calls would have left); a list of
+//! limits shared by several requests is sent once. One call per connection is in flight
+//! at a time, so a connection's calls reach Redis in the order their requests were made.
+//!
+//! Deadline, breaker and failure policy stay per request: each caller waits under its
+//! own deadline (a reply arriving after it is ignored, and a request whose caller gave up
+//! before its batch left is not sent), each request counts in the breaker on its own, and
+//! a failed batch call fails every request in it, each through the failure policy. As
+//! the writes come last, a batch that fails on the server writes nothing.
+//!
+//! Stores built on clones of one [`RedisConnection`] share its batcher. A Redis Cluster
+//! connection is never batched (one call's keys would have to share a slot): there every
+//! decision stays one call. The figures are in `BENCHMARKS.md`.
+//!
 //! # Negative cache
 //!
 //! A refused key is remembered locally until its retry-after, counted from when the call
@@ -100,6 +126,7 @@
 //! instances, a fallback share of `1.0` admits up to `N` times the limit while Redis is
 //! down: set the share to `1 / N` when that matters.
 
+mod batch;
 mod breaker;
 mod failure;
 pub(crate) mod keys;

@@ -116,10 +116,7 @@ pub(super) fn invocation(
     limits: &[u64],
     general: bool,
 ) -> Invocation {
-    let fast = match mode {
-        Mode::Check | Mode::Peek if !general => fast_gcra(limits),
-        _ => None,
-    };
+    let fast = fast_args(mode, limits, general);
     let script: &'static Script = if fast.is_some() {
         &GCRA_SCRIPT
     } else {
@@ -139,6 +136,21 @@ pub(super) fn invocation(
         }
         return Invocation { script, cmd };
     }
+    general_tail(&mut cmd, now_ns, limits);
+    Invocation { script, cmd }
+}
+
+/// The fast script's `(T, cap)` when it can decide this call.
+fn fast_args(mode: Mode, limits: &[u64], general: bool) -> Option<(u64, u64)> {
+    match mode {
+        Mode::Check | Mode::Peek if !general => fast_gcra(limits),
+        _ => None,
+    }
+}
+
+/// The general script's arguments after mode and cost: the time override, the TTL slack
+/// and the limits.
+fn general_tail(cmd: &mut redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
     match now_ns {
         // The override runs in fake time: give the TTL slack so real time cannot expire
         // state that the fake clock still considers live.
@@ -148,7 +160,46 @@ pub(super) fn invocation(
     for a in limits {
         cmd.arg(*a);
     }
-    Invocation { script, cmd }
+}
+
+/// The batch script: `script.lua` and `script_gcra.lua` each wrapped, unchanged, in a
+/// function whose parameters `KEYS`, `ARGV` and `redis` shadow the globals of a plain
+/// call, then `script_batch.lua`, which calls them once per request in order, with its
+/// own `redis` that reads and writes the batch's keys in a table.
+pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "local function general(KEYS, ARGV, redis)\n{}\nend\nlocal function gcra(KEYS, ARGV, redis)\n{}\nend\n{}",
+        include_str!("script.lua"),
+        include_str!("script_gcra.lua"),
+        include_str!("script_batch.lua"),
+    ))
+});
+
+/// Appends one request of a batch (see `script_batch.lua`) to `cmd`: its kind (0 the
+/// general script, 1 the fast GCRA script first, 2 a delete), mode, cost, the time
+/// override and TTL slack, and the index of its limits among the batch's lists (sent
+/// once for every request under them).
+pub(super) fn batch_item(
+    cmd: &mut redis::Cmd,
+    mode: Mode,
+    cost: u64,
+    now_ns: Option<u64>,
+    limits: &[u64],
+    general: bool,
+    list: usize,
+) {
+    let kind = u8::from(fast_args(mode, limits, general).is_some());
+    cmd.arg(kind).arg(mode as u8).arg(cost.min(MAX_COST));
+    match now_ns {
+        Some(ns) => cmd.arg(ns / 1000).arg(60_000u64),
+        None => cmd.arg("").arg(0u64),
+    };
+    cmd.arg(list);
+}
+
+/// Appends a delete to a batch.
+pub(super) fn batch_delete(cmd: &mut redis::Cmd) {
+    cmd.arg(2u8).arg(0u8).arg(0u8).arg("").arg(0u8).arg(1u8);
 }
 
 /// `(T, cap)` when the limit arguments describe one GCRA-based limit.

@@ -5,6 +5,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
 
 use super::{
+    batch::{Batcher, Call, Request},
     breaker::{Breaker, BreakerState, Permit},
     failure::{scaled_policy, FailurePolicy},
     keys,
@@ -27,6 +28,9 @@ use crate::{
 #[derive(Clone)]
 pub struct RedisConnection {
     conn: Conn,
+    /// Coalesces concurrent script calls on a single-node connection (see
+    /// [`RedisStoreBuilder::batching`]).
+    batch: Arc<Batcher>,
 }
 
 #[derive(Clone)]
@@ -112,6 +116,35 @@ impl RedisConnection {
 }
 
 impl RedisConnection {
+    /// Sends one request of a store: through the connection's batcher when `batching`
+    /// and the connection is to a single node, as its own call otherwise.
+    pub(super) async fn request(
+        &self,
+        request: Request,
+        batching: bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        if let (Conn::Single(c), true) = (&self.conn, batching) {
+            return self.batch.submit(c, request).await;
+        }
+        match request.call {
+            Call::Script {
+                mode,
+                cost,
+                now_ns,
+                limits,
+                general,
+            } => {
+                let inv = script::invocation(&request.key, mode, cost, now_ns, &limits, general);
+                self.invoke(&inv).await
+            }
+            Call::Delete => {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(&request.key);
+                self.query::<i64>(&cmd).await.map(|_| Vec::new())
+            }
+        }
+    }
+
     /// Sends one plain command.
     pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
@@ -124,7 +157,8 @@ impl RedisConnection {
     }
 }
 
-async fn run<C: redis::aio::ConnectionLike>(
+/// Runs one invocation, loading the script again after `NOSCRIPT`.
+pub(super) async fn run<C: redis::aio::ConnectionLike>(
     inv: &script::Invocation,
     conn: &mut C,
 ) -> redis::RedisResult<Vec<i64>> {
@@ -141,6 +175,7 @@ impl From<ConnectionManager> for RedisConnection {
     fn from(cm: ConnectionManager) -> Self {
         RedisConnection {
             conn: Conn::Single(cm),
+            batch: Arc::default(),
         }
     }
 }
@@ -149,6 +184,7 @@ impl From<ClusterConnection> for RedisConnection {
     fn from(c: ClusterConnection) -> Self {
         RedisConnection {
             conn: Conn::Cluster(c),
+            batch: Arc::default(),
         }
     }
 }
@@ -168,6 +204,7 @@ pub struct RedisStoreBuilder {
     pub(super) clock: Option<Arc<dyn Clock>>,
     pub(super) readable_keys: bool,
     pub(super) max_bytes: usize,
+    batching: bool,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -179,6 +216,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("failure", &self.failure)
             .field("own_clock", &self.clock.is_some())
             .field("readable_keys", &self.readable_keys)
+            .field("batching", &self.batching)
             .finish_non_exhaustive()
     }
 }
@@ -240,6 +278,23 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Coalesces concurrent decisions into one script call (default on). A request that
+    /// finds no call of its connection in flight goes out at once, alone, as without
+    /// batching, so an idle caller never waits; requests made while a call is in flight
+    /// queue and go out together, up to 128 in one call of a batch script that decides
+    /// them in arrival order, each exactly as its own call would be. Each request keeps
+    /// its own deadline, counts in the circuit breaker on its own and gets the failure
+    /// policy on its own; a failed batch call fails each request in it. On a Redis
+    /// Cluster connection calls are never batched (the keys of one call would have to
+    /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
+    /// stores built on clones of one connection batch together. A
+    /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
+    /// does not batch. See the [module docs](super).
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
     /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
     /// fallback limiter of a [`RedisStore`], the local state of a
     /// [`LocalFirstStore`](super::LocalFirstStore).
@@ -290,6 +345,7 @@ impl RedisStoreBuilder {
                 overrides,
                 clock,
                 readable: self.readable_keys,
+                batching: self.batching,
             }),
         })
     }
@@ -318,6 +374,8 @@ pub(super) struct Shared {
     overrides: bool,
     clock: Arc<dyn Clock>,
     readable: bool,
+    /// Whether calls go through the connection's batcher.
+    batching: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -370,10 +428,19 @@ impl Shared {
             permit,
             done: false,
         };
-        let now = self.overrides.then(|| self.clock.now());
-        let inv = script::invocation(key, mode, cost, now, limits, general);
+        let request = Request {
+            key: key.to_vec(),
+            call: Call::Script {
+                mode,
+                cost,
+                now_ns: self.overrides.then(|| self.clock.now()),
+                limits: limits.to_vec(),
+                general,
+            },
+        };
         let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(self.deadline, self.conn.invoke(&inv)).await {
+        let call = self.conn.request(request, self.batching);
+        let result = match tokio::time::timeout(self.deadline, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         };
@@ -398,9 +465,12 @@ impl Shared {
 
     /// Deletes one key, under the deadline.
     pub(super) async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(key);
-        match tokio::time::timeout(self.deadline, self.conn.query::<i64>(&cmd)).await {
+        let request = Request {
+            key: key.to_vec(),
+            call: Call::Delete,
+        };
+        let call = self.conn.request(request, self.batching);
+        match tokio::time::timeout(self.deadline, call).await {
             Ok(r) => r.map(|_| ()),
             Err(_) => Err(StoreError::Timeout(self.deadline)),
         }
@@ -507,6 +577,7 @@ impl RedisStore {
             clock: None,
             readable_keys: false,
             max_bytes: DEFAULT_MAX_BYTES,
+            batching: true,
         }
     }
 

@@ -1,0 +1,351 @@
+//! Batching: the script calls of one single-node connection coalesced into one call while
+//! a call is already in flight.
+//!
+//! A request that finds the connection's batcher idle goes out at once, alone, as the
+//! plain script call it would be without batching, made from the caller's own task, so an
+//! idle caller never waits for a batch. Requests made while a call is in flight queue; when it completes, the queue goes
+//! out as ONE call of the batch script (at most [`MAX_BATCH`] requests; more wait for the
+//! next), which decides them in arrival order on the server, and each caller gets its own
+//! reply. One call is in flight at a time: the calls of a connection reach Redis in the
+//! order their requests were made.
+//!
+//! Queued requests are sent by a task spawned when the call in flight ends with something
+//! queued, which runs while there is; a queued caller waits for its reply under its own
+//! deadline, and a request whose caller stopped waiting before its batch left is not
+//! sent.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use redis::aio::ConnectionManager;
+use tokio::sync::oneshot;
+
+use super::{
+    script::{self, Mode},
+    store::run,
+};
+use crate::error::StoreError;
+
+/// Most requests in one batch call.
+pub(super) const MAX_BATCH: usize = 128;
+
+/// What one request asks of Redis.
+pub(super) enum Call {
+    /// A script call, with the arguments of [`script::invocation`].
+    Script {
+        mode: Mode,
+        cost: u64,
+        now_ns: Option<u64>,
+        limits: Vec<u64>,
+        general: bool,
+    },
+    /// `DEL` of the key.
+    Delete,
+}
+
+/// One request: its key and its call.
+pub(super) struct Request {
+    pub(super) key: Vec<u8>,
+    pub(super) call: Call,
+}
+
+type Reply = Result<Vec<i64>, StoreError>;
+
+struct Pending {
+    request: Request,
+    reply: oneshot::Sender<Reply>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Whether a task is making calls (then new requests queue).
+    busy: bool,
+    queue: VecDeque<Pending>,
+}
+
+/// The batcher of one connection (shared by its clones).
+#[derive(Default)]
+pub(super) struct Batcher {
+    state: Mutex<State>,
+}
+
+impl Batcher {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `request` at once, from the caller's task, when nothing is in flight;
+    /// otherwise queues it for the next batch.
+    pub(super) async fn submit(
+        self: &Arc<Self>,
+        conn: &ConnectionManager,
+        request: Request,
+    ) -> Reply {
+        let queued = {
+            let mut state = self.state();
+            if state.busy {
+                // A stalled call keeps the queue growing: requests whose callers gave up
+                // are dropped now and then rather than at the next batch only.
+                if state.queue.len() >= 8 * MAX_BATCH {
+                    state.queue.retain(|p| !p.reply.is_closed());
+                }
+                let (tx, rx) = oneshot::channel();
+                state.queue.push_back(Pending { request, reply: tx });
+                Ok(rx)
+            } else {
+                state.busy = true;
+                Err(request)
+            }
+        };
+        let request = match queued {
+            Ok(rx) => {
+                return rx
+                    .await
+                    .unwrap_or_else(|_| Err(StoreError::backend("the batching task stopped")))
+            }
+            Err(request) => request,
+        };
+        let mut hand_off = HandOff {
+            batcher: self,
+            conn,
+            done: false,
+        };
+        let reply = one(&mut conn.clone(), &request).await;
+        hand_off.done = true;
+        self.hand_off(conn);
+        reply
+    }
+
+    /// After a call: idle again if nothing queued meanwhile, otherwise a task sends the
+    /// queue.
+    fn hand_off(self: &Arc<Self>, conn: &ConnectionManager) {
+        let mut state = self.state();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return;
+        }
+        let n = state.queue.len().min(MAX_BATCH);
+        let items: Vec<Pending> = state.queue.drain(..n).collect();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                drop(state);
+                rt.spawn(drive(self.clone(), conn.clone(), items));
+            }
+            // No runtime left to run it (the caller's future dropped during shutdown):
+            // the queued callers get an error.
+            Err(_) => {
+                state.busy = false;
+                state.queue.clear();
+            }
+        }
+    }
+}
+
+/// Hands the queue on when the caller making a call at once stops waiting for it (its
+/// deadline passed, or its future was dropped).
+struct HandOff<'a> {
+    batcher: &'a Arc<Batcher>,
+    conn: &'a ConnectionManager,
+    done: bool,
+}
+
+impl Drop for HandOff<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.batcher.hand_off(self.conn);
+        }
+    }
+}
+
+/// Marks the batcher idle again if its task is dropped mid-call (its runtime shutting
+/// down); the queued requests are dropped with it, and their callers get an error.
+struct Idle<'a> {
+    batcher: &'a Batcher,
+    done: bool,
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut state = self.batcher.state();
+            state.busy = false;
+            state.queue.clear();
+        }
+    }
+}
+
+/// Makes calls until the queue is empty: `items`, then each batch queued meanwhile.
+async fn drive(batcher: Arc<Batcher>, mut conn: ConnectionManager, mut items: Vec<Pending>) {
+    let mut idle = Idle {
+        batcher: &batcher,
+        done: false,
+    };
+    loop {
+        // A caller that stopped waiting (its deadline passed) has had the failure
+        // policy's decision: its request is not sent.
+        items.retain(|p| !p.reply.is_closed());
+        let woken = items.len();
+        if woken == 1 {
+            if let Some(p) = items.pop() {
+                let reply = one(&mut conn, &p.request).await;
+                let _ = p.reply.send(reply);
+            }
+        } else if woken > 1 {
+            let replies = batch(&mut conn, &items).await;
+            for (i, p) in items.drain(..).enumerate() {
+                let reply = match &replies {
+                    Ok(r) => r.get(i).cloned().unwrap_or_else(|| Err(short())),
+                    Err(e) => Err(e.clone()),
+                };
+                let _ = p.reply.send(reply);
+            }
+            // The callers just answered usually ask again at once: let them queue before
+            // looking, so that the next batch takes them all rather than leaving them
+            // behind a call made for the first one alone.
+            tokio::task::yield_now().await;
+        }
+        let mut state = batcher.state();
+        if state.queue.is_empty() {
+            state.busy = false;
+            idle.done = true;
+            return;
+        }
+        let n = state.queue.len().min(MAX_BATCH);
+        items = state.queue.drain(..n).collect();
+    }
+}
+
+fn short() -> StoreError {
+    StoreError::backend("unexpected reply from the batch script: too short")
+}
+
+/// A request on its own: the plain script call (and, when the fast script finds a state
+/// written under other limits, the general one right after it, before any later
+/// request), or a `DEL`.
+async fn one(conn: &mut ConnectionManager, request: &Request) -> Reply {
+    let backend = StoreError::backend;
+    match &request.call {
+        Call::Script {
+            mode,
+            cost,
+            now_ns,
+            limits,
+            general,
+        } => {
+            let inv = script::invocation(&request.key, *mode, *cost, *now_ns, limits, *general);
+            let reply = run(&inv, conn).await.map_err(backend)?;
+            if reply == [3] && !general {
+                let inv = script::invocation(&request.key, *mode, *cost, *now_ns, limits, true);
+                return run(&inv, conn).await.map_err(backend);
+            }
+            Ok(reply)
+        }
+        Call::Delete => {
+            let mut cmd = redis::cmd("DEL");
+            cmd.arg(&request.key);
+            cmd.query_async::<i64>(conn).await.map_err(backend)?;
+            Ok(Vec::new())
+        }
+    }
+}
+
+/// Several requests in one call of the batch script; one reply per request, or the
+/// call's error for all.
+async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
+    let script: &'static redis::Script = &script::BATCH_SCRIPT;
+    let bytes: usize = items.iter().map(|p| p.request.key.len() + 160).sum();
+    let mut cmd = redis::Cmd::with_capacity(3 + 16 * items.len(), 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(items.len());
+    for p in items {
+        cmd.arg(&p.request.key);
+    }
+    // Every distinct list of limits once (a store's requests share one), then the
+    // requests, each naming its list.
+    let mut lists: Vec<&[u64]> = Vec::new();
+    let mut which = Vec::with_capacity(items.len());
+    for p in items {
+        let list = match &p.request.call {
+            Call::Script { limits, .. } => limits.as_slice(),
+            Call::Delete => &[],
+        };
+        let i = match lists.iter().position(|l| *l == list) {
+            Some(i) => i,
+            None => {
+                lists.push(list);
+                lists.len() - 1
+            }
+        };
+        which.push(i + 1);
+    }
+    cmd.arg(lists.len());
+    for l in &lists {
+        cmd.arg(l.len());
+        for a in *l {
+            cmd.arg(*a);
+        }
+    }
+    for (p, list) in items.iter().zip(which) {
+        match &p.request.call {
+            Call::Script {
+                mode,
+                cost,
+                now_ns,
+                limits,
+                general,
+            } => script::batch_item(&mut cmd, *mode, *cost, *now_ns, limits, *general, list),
+            Call::Delete => script::batch_delete(&mut cmd),
+        }
+    }
+    let flat = run(&script::Invocation { script, cmd }, conn)
+        .await
+        .map_err(StoreError::backend)?;
+    Ok(split(&flat, items.len()))
+}
+
+/// Splits the batch script's flat reply (per request: a length, then that many values)
+/// into one reply per request; requests past a malformed part get an error.
+fn split(flat: &[i64], n: usize) -> Vec<Reply> {
+    let mut out = Vec::with_capacity(n);
+    let mut rest = flat;
+    for _ in 0..n {
+        let part = rest.split_first().and_then(|(&len, tail)| {
+            let len = usize::try_from(len).ok()?;
+            (len <= tail.len()).then(|| tail.split_at(len))
+        });
+        match part {
+            Some((reply, tail)) => {
+                out.push(Ok(reply.to_vec()));
+                rest = tail;
+            }
+            None => {
+                out.push(Err(short()));
+                rest = &[];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_gives_each_request_its_reply() {
+        let r = split(&[2, 0, 5, 0, 1, 9], 3);
+        assert_eq!(r[0], Ok(vec![0, 5]));
+        assert_eq!(r[1], Ok(vec![]));
+        assert_eq!(r[2], Ok(vec![9]));
+    }
+
+    #[test]
+    fn split_refuses_a_malformed_reply_without_panicking() {
+        assert!(split(&[3, 0, 5], 1)[0].is_err());
+        assert!(split(&[-1], 1)[0].is_err());
+        let r = split(&[1, 7], 2);
+        assert_eq!(r[0], Ok(vec![7]));
+        assert!(r[1].is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! Batching on one connection: requests made while a call is in flight go out together,
+//! each caller gets its own reply, and a stalled call fails each request through the
+//! failure policy. (Decisions through batches are compared with the in-memory store in
+//! `redis_semantics.rs`.)
+#![cfg(feature = "redis")]
+
+#[path = "support/redis.rs"]
+mod redis_support;
+
+use std::time::Duration;
+
+use redis_support::RedisServer;
+use tokio::task::JoinSet;
+use tollgate::{
+    decision::Source,
+    store::{FailurePolicy, RedisConnection, RedisStore},
+    Limit, Quota,
+};
+
+fn limit() -> Limit {
+    Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(100).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = RedisStore::builder(limit())
+        .deadline(Duration::from_secs(5))
+        .build(conn)
+        .unwrap();
+    // Loads the scripts.
+    store.check("warm", 1).await.unwrap();
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for _ in 0..20 {
+        let store = store.clone();
+        tasks.spawn(async move { store.check("hot", 1).await.unwrap() });
+    }
+    let mut remaining = Vec::new();
+    while let Some(d) = tasks.join_next().await {
+        let d = d.unwrap();
+        assert_eq!(d.source(), Source::Store);
+        assert!(d.is_allowed());
+        remaining.push(d.remaining());
+    }
+    // Each request charged once, in some order: every count from 99 down to 80 once.
+    remaining.sort_unstable();
+    assert_eq!(remaining, (80..100).collect::<Vec<_>>());
+    let calls = server.calls("evalsha") - before;
+    assert!(calls < 20, "20 concurrent requests took {calls} calls");
+    // Off, every request is its own call.
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let unbatched = RedisStore::builder(limit())
+        .batching(false)
+        .deadline(Duration::from_secs(5))
+        .build(conn)
+        .unwrap();
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for _ in 0..20 {
+        let store = unbatched.clone();
+        tasks.spawn(async move { store.check("other", 1).await.unwrap() });
+    }
+    while tasks.join_next().await.is_some() {}
+    assert_eq!(server.calls("evalsha") - before, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = RedisStore::builder(limit())
+        .deadline(Duration::from_millis(100))
+        .failure_policy(FailurePolicy::FailClosed {
+            retry_after: Duration::from_secs(1),
+        })
+        // Kept closed, so that every request reaches the batcher.
+        .breaker(1_000, Duration::from_millis(10))
+        .build(conn)
+        .unwrap();
+    store.check("warm", 1).await.unwrap();
+    server.stop();
+    let mut tasks = JoinSet::new();
+    for i in 0..20 {
+        let store = store.clone();
+        tasks.spawn(async move { store.check(&format!("k{}", i % 4), 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::FailClosed);
+    }
+    server.cont();
+    // The stalled calls complete once the server runs again; then decisions come from
+    // Redis again (a bounded number of attempts, no timing asserted).
+    let mut source = Source::FailClosed;
+    for _ in 0..100 {
+        source = store.check("after", 1).await.unwrap().source();
+        if source == Source::Store {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(source, Source::Store);
+}
