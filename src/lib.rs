@@ -196,6 +196,7 @@ pub mod decision;
 pub mod error;
 pub mod fair;
 mod future;
+mod gate;
 pub mod generic;
 pub mod inflight;
 pub mod key;

@@ -12,6 +12,7 @@ use std::{
 use bytes::Bytes;
 use http::{
     header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
+    response::Parts,
     HeaderMap, HeaderValue, Request, Response, StatusCode,
 };
 use http_body::Body;
@@ -27,6 +28,7 @@ use super::{
 use crate::{
     error::{ConfigError, StoreError},
     future::take_ready,
+    gate::{Admission, Decide, GateFuture},
     key::{Global, KeyExtractor, RequestHead},
     limiter::{KeylessWarning, MissingKey, OnStoreError, OncePerSecond},
     observe::unix_secs,
@@ -38,8 +40,6 @@ use crate::{
     },
     store::StoreFuture,
 };
-
-const POLLED_AFTER_DONE: &str = "tollgate: fair-share response future polled after it completed";
 
 /// How a request's share is chosen.
 enum Shares {
@@ -394,47 +394,49 @@ impl<S: fmt::Debug, X, St> fmt::Debug for FairLimit<S, X, St> {
     }
 }
 
-/// What an admitted request's response reports (none when it was not limited).
-type Fields<X, St> = Option<(Arc<Shared<X, St>>, Share, FairDecision)>;
+/// What an admitted request's response reports (nothing when it was not limited).
+pub(crate) struct Fields<X, St>(Option<Reported<X, St>>);
 
-pin_project! {
-    /// The response future of [`FairLimit`]. No allocation when the decision is made at
-    /// once (the in-memory store).
-    pub struct ResponseFuture<S, B, X, St>
-    where
-        S: Service<Request<B>>,
-    {
-        #[pin]
-        state: State<S, B, S::Future, X, St>,
+/// A decision, with what formats its fields.
+pub(crate) struct Reported<X, St> {
+    shared: Arc<Shared<X, St>>,
+    share: Share,
+    decision: FairDecision,
+}
+
+impl<X, St> Admission for Fields<X, St> {
+    type Body<B> = RateLimitBody<B>;
+
+    fn respond<B>(self, parts: &mut Parts, body: B) -> RateLimitBody<B> {
+        if let Some(r) = &self.0 {
+            r.shared.apply(&mut parts.headers, &r.share, &r.decision);
+        }
+        RateLimitBody::inner(body)
+    }
+
+    fn own<B>(data: Bytes) -> RateLimitBody<B> {
+        RateLimitBody::full(data)
     }
 }
 
-pin_project! {
-    #[project = StateProj]
-    #[project_replace = StateOwned]
-    enum State<S, B, F, X, St> {
-        Refused { response: Box<Response<Bytes>> },
-        Deciding { slow: Box<Slow<S, B, X, St>> },
-        Calling { #[pin] future: F, fields: Fields<X, St> },
-        Done,
-    }
-}
-
-/// A request whose decision comes from a network store.
-struct Slow<S, B, X, St> {
+/// A decision coming from a network store.
+pub(crate) struct Deciding<X, St> {
     deciding: StoreFuture<FairDecision>,
-    decided: Option<Fields<X, St>>,
-    svc: S,
-    req: Option<Request<B>>,
     shared: Arc<Shared<X, St>>,
     share: Share,
     is_grpc: bool,
 }
 
-enum Next<F, X, St, E> {
-    Call(F, Fields<X, St>),
-    Answer(Box<Response<Bytes>>),
-    Failed(E),
+impl<X, St> Decide for Deciding<X, St> {
+    type Admitted = Fields<X, St>;
+
+    fn poll_decide(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Fields<X, St>, Box<Response<Bytes>>>> {
+        let result = ready!(Pin::new(&mut self.deciding).poll(cx));
+        Poll::Ready(settle(&self.shared, self.share, result, self.is_grpc))
+    }
 }
 
 /// What a decision (or a store failure) means for the request.
@@ -447,7 +449,11 @@ fn settle<X, St>(
     match result {
         Ok(d) if d.admitted => {
             shared.count(true);
-            Ok(Some((Arc::clone(shared), share, d)))
+            Ok(Fields(Some(Reported {
+                shared: Arc::clone(shared),
+                share,
+                decision: d,
+            })))
         }
         Ok(d) => {
             shared.count(false);
@@ -472,29 +478,19 @@ fn failed<X, St>(
             StatusCode::SERVICE_UNAVAILABLE,
             "The fair-share limiter's store is unavailable.",
         ))),
-        _ => Ok(None),
+        _ => Ok(Fields(None)),
     }
 }
 
-impl<S, B, X, St> Slow<S, B, X, St>
-where
-    S: Service<Request<B>>,
-{
-    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<Next<S::Future, X, St, S::Error>> {
-        if self.decided.is_none() {
-            let result = ready!(Pin::new(&mut self.deciding).poll(cx));
-            match settle(&self.shared, self.share, result, self.is_grpc) {
-                Ok(fields) => self.decided = Some(fields),
-                Err(response) => return Poll::Ready(Next::Answer(response)),
-            }
-        }
-        if let Err(e) = ready!(self.svc.poll_ready(cx)) {
-            return Poll::Ready(Next::Failed(e));
-        }
-        match (self.req.take(), self.decided.take()) {
-            (Some(req), Some(fields)) => Poll::Ready(Next::Call(self.svc.call(req), fields)),
-            _ => panic!("{POLLED_AFTER_DONE}"),
-        }
+pin_project! {
+    /// The response future of [`FairLimit`]. No allocation when the decision is made at
+    /// once (the in-memory store).
+    pub struct ResponseFuture<S, B, X, St>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        inner: GateFuture<S, B, Deciding<X, St>>,
     }
 }
 
@@ -503,13 +499,9 @@ where
     S: Service<Request<B>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Refused { .. } => "Refused",
-            State::Deciding { .. } => "Deciding",
-            State::Calling { .. } => "Calling",
-            State::Done => "Done",
-        };
-        f.debug_tuple("ResponseFuture").field(&state).finish()
+        f.debug_tuple("ResponseFuture")
+            .field(&self.inner.state_name())
+            .finish()
     }
 }
 
@@ -519,46 +511,9 @@ where
 {
     type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        loop {
-            match state.as_mut().project() {
-                StateProj::Refused { .. } => {
-                    let StateOwned::Refused { response } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Refused")
-                    };
-                    return Poll::Ready(Ok((*response).map(RateLimitBody::full)));
-                }
-                StateProj::Deciding { slow } => match ready!(slow.poll_slow(cx)) {
-                    Next::Call(future, fields) => state.set(State::Calling { future, fields }),
-                    Next::Answer(response) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Ok((*response).map(RateLimitBody::full)));
-                    }
-                    Next::Failed(e) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Err(e));
-                    }
-                },
-                StateProj::Calling { future, .. } => {
-                    let result = ready!(future.poll(cx));
-                    let StateOwned::Calling { fields, .. } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Calling")
-                    };
-                    let (mut parts, body) = result?.into_parts();
-                    if let Some((shared, share, d)) = &fields {
-                        shared.apply(&mut parts.headers, share, d);
-                    }
-                    return Poll::Ready(Ok(Response::from_parts(
-                        parts,
-                        RateLimitBody::inner(body),
-                    )));
-                }
-                StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
-            }
-        }
+        self.project().inner.poll(cx)
     }
 }
 
@@ -593,10 +548,7 @@ where
                 MissingKey::Allow => {
                     let future = self.inner.call(req);
                     return ResponseFuture {
-                        state: State::Calling {
-                            future,
-                            fields: None,
-                        },
+                        inner: GateFuture::calling(future, Fields(None)),
                     };
                 }
                 MissingKey::Reject(status) => {
@@ -605,9 +557,7 @@ where
                         "No fair-share key could be extracted from this request.",
                     );
                     return ResponseFuture {
-                        state: State::Refused {
-                            response: Box::new(response),
-                        },
+                        inner: GateFuture::answered(response),
                     };
                 }
                 _ => {}
@@ -616,26 +566,21 @@ where
         let share = shared.share(&RequestHead::of(&req));
         let is_grpc = grpc::is_grpc(req.headers());
         let mut deciding = shared.store.decide(key.as_ref(), &shared.pool, &share);
-        let state = match deciding.take_ready() {
+        let inner = match deciding.take_ready() {
             Some(result) => match settle(shared, share, result, is_grpc) {
-                Ok(fields) => State::Calling {
-                    future: self.inner.call(req),
-                    fields,
-                },
-                Err(response) => State::Refused { response },
+                Ok(fields) => GateFuture::calling(self.inner.call(req), fields),
+                Err(response) => GateFuture::answered(*response),
             },
-            None => State::Deciding {
-                slow: Box::new(Slow {
+            None => {
+                let decide = Deciding {
                     deciding,
-                    decided: None,
-                    svc: take_ready(&mut self.inner),
-                    req: Some(req),
                     shared: Arc::clone(shared),
                     share,
                     is_grpc,
-                }),
-            },
+                };
+                GateFuture::deciding(decide, take_ready(&mut self.inner), req)
+            }
         };
-        ResponseFuture { state }
+        ResponseFuture { inner }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{response::Parts, Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -24,12 +24,11 @@ use super::{
 use crate::{
     error::StoreError,
     future::take_ready,
+    gate::{Admission, Decide, GateFuture},
     key::KeyExtractor,
     limiter::{MissingKey, OnStoreError},
     response::plain,
 };
-
-const POLLED_AFTER_DONE: &str = "tollgate: in-flight response future polled after it completed";
 
 /// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
 /// see the [module docs](super).
@@ -62,7 +61,7 @@ impl<S: fmt::Debug, X, St> fmt::Debug for InFlightLimit<S, X, St> {
 
 /// An admitted request: its slot (none when a failed store let it through) and what its
 /// response reports.
-struct Admitted {
+pub(crate) struct Admitted {
     permit: Option<Permit>,
     fields: Option<(Arc<Answers>, u32)>,
 }
@@ -123,6 +122,40 @@ fn failed(
     }
 }
 
+impl Admission for Admitted {
+    type Body<B> = InFlightBody<B>;
+
+    fn respond<B>(self, parts: &mut Parts, body: B) -> InFlightBody<B> {
+        if let Some((answers, remaining)) = &self.fields {
+            answers.apply(&mut parts.headers, *remaining);
+        }
+        InFlightBody::inner(body, self.permit)
+    }
+
+    fn own<B>(data: Bytes) -> InFlightBody<B> {
+        InFlightBody::full(data)
+    }
+}
+
+/// A request waiting for its slot (in a queue, or for a network store).
+pub(crate) struct Waiting {
+    acquiring: Acquiring,
+    answers: Arc<Answers>,
+    on_error: OnStoreError,
+}
+
+impl Decide for Waiting {
+    type Admitted = Admitted;
+
+    fn poll_decide(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Admitted, Box<Response<Bytes>>>> {
+        let outcome = ready!(Pin::new(&mut self.acquiring).poll(cx));
+        Poll::Ready(settle(outcome, &self.answers, self.on_error))
+    }
+}
+
 pin_project! {
     /// The response future of [`InFlightLimit`]. No allocation when the decision is made
     /// at once (the in-memory store, a slot free or the queue full).
@@ -131,62 +164,7 @@ pin_project! {
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, B, S::Future>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    #[project_replace = StateOwned]
-    enum State<S, B, F> {
-        Refused { response: Box<Response<Bytes>> },
-        Waiting { slow: Box<Slow<S, B>> },
-        Calling { #[pin] future: F, admitted: Admitted },
-        Done,
-    }
-}
-
-/// A request waiting for its slot (in a queue, or for a network store), then for the
-/// inner service to be ready.
-struct Slow<S, B> {
-    acquiring: Option<Acquiring>,
-    admitted: Option<Admitted>,
-    svc: S,
-    req: Option<Request<B>>,
-    answers: Arc<Answers>,
-    on_error: OnStoreError,
-}
-
-enum SlowDone<F, E> {
-    Call(F, Admitted),
-    Refuse(Box<Response<Bytes>>),
-    Failed(E),
-}
-
-impl<S, B> Slow<S, B>
-where
-    S: Service<Request<B>>,
-{
-    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<SlowDone<S::Future, S::Error>> {
-        if let Some(acquiring) = &mut self.acquiring {
-            let outcome = ready!(Pin::new(acquiring).poll(cx));
-            self.acquiring = None;
-            match settle(outcome, &self.answers, self.on_error) {
-                Ok(admitted) => self.admitted = Some(admitted),
-                Err(response) => return Poll::Ready(SlowDone::Refuse(response)),
-            }
-        }
-        // Readiness may have lapsed while the request waited: ask again. A failure drops
-        // the slot with this state.
-        if let Err(e) = ready!(self.svc.poll_ready(cx)) {
-            return Poll::Ready(SlowDone::Failed(e));
-        }
-        match (self.req.take(), self.admitted.take()) {
-            (Some(req), Some(admitted)) => {
-                Poll::Ready(SlowDone::Call(self.svc.call(req), admitted))
-            }
-            _ => panic!("{POLLED_AFTER_DONE}"),
-        }
+        inner: GateFuture<S, B, Waiting>,
     }
 }
 
@@ -195,13 +173,9 @@ where
     S: Service<Request<B>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Refused { .. } => "Refused",
-            State::Waiting { .. } => "Waiting",
-            State::Calling { .. } => "Calling",
-            State::Done => "Done",
-        };
-        f.debug_tuple("ResponseFuture").field(&state).finish()
+        f.debug_tuple("ResponseFuture")
+            .field(&self.inner.state_name())
+            .finish()
     }
 }
 
@@ -211,48 +185,9 @@ where
 {
     type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        loop {
-            match state.as_mut().project() {
-                StateProj::Refused { .. } => {
-                    let StateOwned::Refused { response } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Refused")
-                    };
-                    return Poll::Ready(Ok((*response).map(InFlightBody::full)));
-                }
-                StateProj::Waiting { slow } => match ready!(slow.poll_slow(cx)) {
-                    SlowDone::Call(future, admitted) => {
-                        state.set(State::Calling { future, admitted })
-                    }
-                    SlowDone::Refuse(response) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Ok((*response).map(InFlightBody::full)));
-                    }
-                    SlowDone::Failed(e) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Err(e));
-                    }
-                },
-                StateProj::Calling { future, .. } => {
-                    let result = ready!(future.poll(cx));
-                    let StateOwned::Calling { admitted, .. } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Calling")
-                    };
-                    // An error drops the slot here.
-                    let response = result?;
-                    let (mut parts, body) = response.into_parts();
-                    if let Some((answers, remaining)) = &admitted.fields {
-                        answers.apply(&mut parts.headers, *remaining);
-                    }
-                    let body = InFlightBody::inner(body, admitted.permit);
-                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
-                }
-                StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
-            }
-        }
+        self.project().inner.poll(cx)
     }
 }
 
@@ -295,10 +230,7 @@ where
                 MissingKey::Allow => {
                     let future = self.inner.call(req);
                     return ResponseFuture {
-                        state: State::Calling {
-                            future,
-                            admitted: Admitted::UNLIMITED,
-                        },
+                        inner: GateFuture::calling(future, Admitted::UNLIMITED),
                     };
                 }
                 MissingKey::Reject(status) => {
@@ -307,33 +239,26 @@ where
                         "No in-flight limit key could be extracted from this request.",
                     );
                     return ResponseFuture {
-                        state: State::Refused {
-                            response: Box::new(response),
-                        },
+                        inner: GateFuture::answered(response),
                     };
                 }
                 _ => None,
             },
         };
-        let state = match s.store.acquire(key, &s.limits) {
+        let inner = match s.store.acquire(key, &s.limits) {
             Attempt::Now(outcome) => match settle(outcome, &s.answers, s.on_error) {
-                Ok(admitted) => State::Calling {
-                    future: self.inner.call(req),
-                    admitted,
-                },
-                Err(response) => State::Refused { response },
+                Ok(admitted) => GateFuture::calling(self.inner.call(req), admitted),
+                Err(response) => GateFuture::answered(*response),
             },
-            Attempt::Later(acquiring) => State::Waiting {
-                slow: Box::new(Slow {
-                    acquiring: Some(acquiring),
-                    admitted: None,
-                    svc: take_ready(&mut self.inner),
-                    req: Some(req),
+            Attempt::Later(acquiring) => {
+                let waiting = Waiting {
+                    acquiring,
                     answers: Arc::clone(&s.answers),
                     on_error: s.on_error,
-                }),
-            },
+                };
+                GateFuture::deciding(waiting, take_ready(&mut self.inner), req)
+            }
         };
-        ResponseFuture { state }
+        ResponseFuture { inner }
     }
 }
