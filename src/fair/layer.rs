@@ -258,7 +258,7 @@ impl<X> FairLimitBuilder<X> {
 
     /// The pool's name in the `RateLimit` fields, the problem body, the logs and the
     /// metrics, and in its Redis key (default `fair`). Printable ASCII without braces.
-    pub fn label(mut self, label: impl Into<String>) -> Self {
+    pub fn label(mut self, label: &str) -> Self {
         self.label = label.into();
         self
     }
