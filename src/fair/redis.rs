@@ -69,11 +69,7 @@ impl RedisFairBuilder {
     /// Builds the store on `connection`. Refuses a bad namespace and a zero deadline.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisFair, ConfigError> {
         keys::check_namespace(&self.namespace)?;
-        if self.deadline.is_zero() {
-            return Err(ConfigError::Store(
-                "the Redis deadline must be longer than zero".into(),
-            ));
-        }
+        keys::check_deadline(self.deadline)?;
         Ok(RedisFair {
             inner: Arc::new(Inner {
                 conn: connection.into(),

@@ -132,11 +132,7 @@ impl RedisInFlightBuilder {
                 self.ttl
             )));
         }
-        if self.deadline.is_zero() {
-            return Err(ConfigError::Store(
-                "the Redis deadline must be longer than zero".into(),
-            ));
-        }
+        keys::check_deadline(self.deadline)?;
         let ttl_ms = self.ttl.as_millis() as u64;
         Ok(RedisInFlight {
             leases: Arc::new(Leases {

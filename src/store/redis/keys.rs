@@ -29,6 +29,16 @@ pub(crate) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Refuses a zero deadline for a Redis call.
+pub(crate) fn check_deadline(deadline: std::time::Duration) -> Result<(), ConfigError> {
+    if deadline.is_zero() {
+        return Err(ConfigError::Store(
+            "the Redis deadline must be longer than zero".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The key prefix: `{namespace}:v3:{`. A key's state is one Redis key under every policy
 /// (the state says which limits wrote it).
 pub(super) fn prefix(namespace: &str) -> Vec<u8> {

@@ -313,11 +313,7 @@ impl RedisStoreBuilder {
     /// outside `(0, 1]` and a memory budget too small for one key.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
         self.check_common()?;
-        if self.deadline.is_zero() {
-            return Err(ConfigError::Store(
-                "the Redis deadline must be longer than zero".into(),
-            ));
-        }
+        keys::check_deadline(self.deadline)?;
         let overrides = self.clock.is_some();
         let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         let fallback = match self.failure {
