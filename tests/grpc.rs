@@ -283,3 +283,51 @@ async fn a_failed_store_under_fail_closed_is_unavailable() {
     assert_eq!(status.code(), Code::Unavailable);
     assert_eq!(status.message(), "The rate limiter's store is unavailable.");
 }
+
+/// The fair-sharing layer refuses a gRPC call as `RateLimitLayer` does: the exact delay
+/// in a `RetryInfo` (here the key's ceiling, one per second, on a frozen clock).
+#[tokio::test]
+async fn a_fair_share_refusal_is_resource_exhausted_with_the_exact_retry_info() {
+    use tollgate::{
+        fair::{MemoryFair, Share},
+        FairLimitLayer,
+    };
+    let clock = ManualClock::at(Duration::from_secs(1_800_000_000));
+    let share = Share::new(Quota::per_second(1).unwrap(), Quota::per_second(1).unwrap()).unwrap();
+    let layer = FairLimitLayer::builder(
+        HeaderKey::new("x-api-key").unwrap(),
+        Quota::per_second(2).unwrap(),
+    )
+    .share(share)
+    .build_with(MemoryFair::new().with_clock(clock))
+    .unwrap();
+    let addr = serve!(layer);
+    let mut client = client(addr).await;
+    assert_eq!(code(&mut client, hello(Some("a"))).await, Code::Ok);
+    let status = client.say_hello(hello(Some("a"))).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let info = status.get_details_retry_info().expect("RetryInfo");
+    assert_eq!(info.retry_delay, Some(Duration::from_secs(1)));
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+}
+
+/// Regression: the in-flight layer answered a gRPC call it refused with an HTTP 429 and
+/// a JSON body, which a gRPC client reads as a protocol error (`INTERNAL`, no
+/// `RetryInfo`). A limit of 0 in flight refuses every call.
+#[tokio::test]
+async fn an_in_flight_refusal_is_resource_exhausted_with_a_retry_info() {
+    use tollgate::{key::Global, InFlightLimitLayer};
+    let addr = serve!(InFlightLimitLayer::new(Global::new(), 0));
+    let mut client = client(addr).await;
+    let status = client.say_hello(hello(None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let info = status.get_details_retry_info().expect("RetryInfo");
+    assert_eq!(info.retry_delay, Some(Duration::from_secs(1)));
+    assert!(status
+        .metadata()
+        .get("ratelimit-policy")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .contains("concurrent-requests"));
+}

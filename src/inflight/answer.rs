@@ -1,6 +1,8 @@
 //! The in-flight layer's header values and refusal, formatted once when the layer is
 //! built.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{
     header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
@@ -10,8 +12,8 @@ use http::{
 use crate::{
     error::ConfigError,
     response::{
-        problem_body, sf_string, shared_value, NO_STORE, PROBLEM_JSON, QUOTA_EXCEEDED, RATELIMIT,
-        RATELIMIT_POLICY,
+        grpc, problem_body, sf_string, shared_value, NO_STORE, PROBLEM_JSON, QUOTA_EXCEEDED,
+        RATELIMIT, RATELIMIT_POLICY,
     },
 };
 
@@ -129,13 +131,24 @@ impl Answers {
         headers.append(&RATELIMIT, self.remaining_value(remaining));
     }
 
-    /// The refusal: `429`, `Retry-After: 1`, the fields with `r=0`, a problem body.
-    pub(crate) fn refusal(&self) -> Response<Bytes> {
-        let mut r = Response::new(self.body.clone());
-        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    /// The refusal: `429`, `Retry-After: 1`, the fields with `r=0`, a problem body; for
+    /// a gRPC call, `RESOURCE_EXHAUSTED` with a one-second `RetryInfo` and the same
+    /// fields as metadata.
+    pub(crate) fn refusal(&self, grpc: bool) -> Response<Bytes> {
+        let mut r = if grpc {
+            grpc::status(
+                grpc::Code::ResourceExhausted,
+                "Too many requests of this client are in flight; retry when one has finished.",
+                Some(Duration::from_secs(1)),
+            )
+        } else {
+            let mut r = Response::new(self.body.clone());
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+            r
+        };
         let h = r.headers_mut();
-        h.reserve(6);
-        h.insert(CONTENT_TYPE, PROBLEM_JSON);
+        h.reserve(5);
         h.insert(CACHE_CONTROL, NO_STORE);
         h.insert(RETRY_AFTER, RETRY_AFTER_SECS);
         self.apply(h, 0);
@@ -157,7 +170,7 @@ mod tests {
             "\"inflight\";q=2;qu=\"concurrent-requests\""
         );
         assert_eq!(h["ratelimit"], "\"inflight\";r=1");
-        let r = a.refusal();
+        let r = a.refusal(false);
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()["retry-after"], "1");
         assert_eq!(r.headers()["ratelimit"], "\"inflight\";r=0");

@@ -91,7 +91,9 @@
 //! `quota-exceeded` naming the limit in `violated-policies`, and `Retry-After: 1`: a
 //! slot frees when some response ends, which cannot be known in advance, so the answer is
 //! the shortest wait a client can be told (never `0`, which invites a client to retry in
-//! a tight loop). The `RateLimit` item has no `t` for the same reason.
+//! a tight loop). The `RateLimit` item has no `t` for the same reason. A refused gRPC call
+//! (`content-type: application/grpc...`) gets `RESOURCE_EXHAUSTED` with a one-second
+//! `RetryInfo` instead, the same fields riding along as metadata.
 //!
 //! # Shared through Redis (feature `redis`)
 //!

@@ -27,7 +27,7 @@ use crate::{
     gate::{Admission, Decide, GateFuture},
     key::KeyExtractor,
     limiter::{MissingKey, OnStoreError},
-    response::plain,
+    response::{grpc, plain},
 };
 
 /// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
@@ -81,10 +81,12 @@ impl Admitted {
 }
 
 /// What an outcome means for the request: proceed with its slot, or an early answer.
+/// `grpc` says, when asked, whether the request is a gRPC call (read only for a refusal).
 fn settle(
     outcome: Outcome,
     answers: &Arc<Answers>,
     on_error: OnStoreError,
+    grpc: impl FnOnce() -> bool,
 ) -> Result<Admitted, Box<Response<Bytes>>> {
     match outcome {
         Outcome::Admitted { permit, remaining } => {
@@ -94,7 +96,7 @@ fn settle(
         Outcome::Full => {
             answers.count(Counted::Refused);
             tracing::info!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
-            Err(Box::new(answers.refusal()))
+            Err(Box::new(answers.refusal(grpc())))
         }
         Outcome::Failed(e) => failed(&e, answers, on_error),
     }
@@ -142,6 +144,7 @@ pub(crate) struct Waiting {
     acquiring: Acquiring,
     answers: Arc<Answers>,
     on_error: OnStoreError,
+    grpc: bool,
 }
 
 impl Decide for Waiting {
@@ -152,7 +155,8 @@ impl Decide for Waiting {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Admitted, Box<Response<Bytes>>>> {
         let outcome = ready!(Pin::new(&mut self.acquiring).poll(cx));
-        Poll::Ready(settle(outcome, &self.answers, self.on_error))
+        let grpc = self.grpc;
+        Poll::Ready(settle(outcome, &self.answers, self.on_error, || grpc))
     }
 }
 
@@ -246,7 +250,9 @@ where
             },
         };
         let inner = match s.store.acquire(key, &s.limits) {
-            Attempt::Now(outcome) => match settle(outcome, &s.answers, s.on_error) {
+            Attempt::Now(outcome) => match settle(outcome, &s.answers, s.on_error, || {
+                grpc::is_grpc(req.headers())
+            }) {
                 Ok(admitted) => GateFuture::calling(self.inner.call(req), admitted),
                 Err(response) => GateFuture::answered(*response),
             },
@@ -255,6 +261,7 @@ where
                     acquiring,
                     answers: Arc::clone(&s.answers),
                     on_error: s.on_error,
+                    grpc: grpc::is_grpc(req.headers()),
                 };
                 GateFuture::deciding(waiting, take_ready(&mut self.inner), req)
             }
