@@ -23,8 +23,16 @@ use http_body_util::BodyExt;
 use tollgate::{key::PeerIp, InFlightLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-/// This thread's CPU time (see `benches/core.rs`).
+/// Set when profiling: valgrind cannot run rustix's vDSO lookup, so wall time is used.
+static PROFILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// This thread's CPU time (see `benches/core.rs`); wall time since the first call when
+/// profiling.
 fn cpu() -> Duration {
+    if PROFILING.load(std::sync::atomic::Ordering::Relaxed) {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        return START.get_or_init(std::time::Instant::now).elapsed();
+    }
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
@@ -154,6 +162,19 @@ fn ratios() {
 }
 
 fn main() {
+    // `TOLLGATE_PROFILE=baseline|inflight [TOLLGATE_PROFILE_N=1000000]`: one side's batch
+    // only, for profilers (`valgrind --tool=callgrind`).
+    if let Ok(who) = std::env::var("TOLLGATE_PROFILE") {
+        PROFILING.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n = std::env::var("TOLLGATE_PROFILE_N").map_or(1_000_000, |n| n.parse().unwrap());
+        let mut b = if who == "baseline" {
+            baseline()
+        } else {
+            inflight()
+        };
+        println!("{who}: {:?} per request", b(n) / n as u32);
+        return;
+    }
     if std::env::var("TOLLGATE_RATIOS").is_err() {
         benches();
         Criterion::default().configure_from_args().final_summary();
