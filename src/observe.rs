@@ -78,17 +78,19 @@ pub(crate) fn describe() {
     );
 }
 
-/// An outage event: `WARN` for the first of each second per layer, `DEBUG` for the others,
-/// so that an outage does not log every request.
+/// An outage event: `WARN` for the first of each second counted by `$once` (a
+/// [`OncePerSecond`](crate::limiter::OncePerSecond) of the layer or store), `DEBUG` for the
+/// others, so that an outage does not log every request.
 macro_rules! outage {
-    ($observe:expr, $($event:tt)+) => {
-        if $observe.warned.first(unix_secs()) {
-            tracing::warn!(target: "tollgate", $($event)+)
+    ($once:expr, $target:literal, $($event:tt)+) => {
+        if $once.first($crate::observe::unix_secs()) {
+            tracing::warn!(target: $target, $($event)+)
         } else {
-            tracing::debug!(target: "tollgate", $($event)+)
+            tracing::debug!(target: $target, $($event)+)
         }
     };
 }
+pub(crate) use outage;
 
 pub(crate) fn unix_secs() -> u64 {
     SystemTime::now()
@@ -244,7 +246,8 @@ impl Observe {
         #[cfg(feature = "metrics")]
         self.degraded[if then == OnStoreError::FailOpen { 2 } else { 3 }].increment(1);
         outage!(
-            self,
+            self.warned,
+            "tollgate",
             limiter = %self.label,
             policy = policy_label(policy),
             route,
@@ -265,7 +268,8 @@ impl Observe {
         }]
         .increment(1);
         outage!(
-            self,
+            self.warned,
+            "tollgate",
             limiter = %self.label,
             policy = policy_label(policy),
             route,

@@ -26,9 +26,8 @@ use crate::{
     limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     response::{
-        grpc::{self, Code},
-        plain, Answers, Extra, Fields, Pending, RateLimitBody, ResponseHead, ResponseHeaders,
-        SettleRule,
+        grpc, own_answer, Answers, Extra, Fields, Pending, RateLimitBody, ResponseHead,
+        ResponseHeaders, SettleRule,
     },
     store::Store,
 };
@@ -139,27 +138,27 @@ impl<B> Flavour<Request<B>> for Http {
     }
 
     fn failed(&self, req: &Request<B>, _: StoreError) -> Self::Refusal {
-        const DETAIL: &str = "The rate limiter's store is unavailable.";
-        if self.grpc(req) {
-            return Box::new(grpc::status(Code::Unavailable, DETAIL, None));
-        }
-        Box::new(plain(StatusCode::SERVICE_UNAVAILABLE, DETAIL))
+        Box::new(own_answer(
+            self.grpc(req),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The rate limiter's store is unavailable.",
+        ))
     }
 
     fn keyless(&self, req: &Request<B>, status: StatusCode) -> Self::Refusal {
-        const DETAIL: &str = "No rate-limit key could be extracted from this request.";
-        if self.grpc(req) {
-            return Box::new(grpc::status(Code::of(status), DETAIL, None));
-        }
-        Box::new(plain(status, DETAIL))
+        Box::new(own_answer(
+            self.grpc(req),
+            status,
+            "No rate-limit key could be extracted from this request.",
+        ))
     }
 
     fn denied(&self, req: &Request<B>) -> Self::Refusal {
-        const DETAIL: &str = "This client is denied.";
-        if self.grpc(req) {
-            return Box::new(grpc::status(Code::PermissionDenied, DETAIL, None));
-        }
-        Box::new(plain(StatusCode::FORBIDDEN, DETAIL))
+        Box::new(own_answer(
+            self.grpc(req),
+            StatusCode::FORBIDDEN,
+            "This client is denied.",
+        ))
     }
 
     #[inline]

@@ -257,6 +257,34 @@ async fn a_key_under_its_guarantee_is_always_admitted() {
     assert_eq!(refused_light, 0);
 }
 
+/// Spare capacity follows who is asking: when one of two greedy keys stops, the other
+/// borrows what it leaves at once (the pool's 20/s while its ceiling's banked burst
+/// lasts, then the ceiling's 16/s); when it starts again, both are back to half at once.
+#[tokio::test]
+async fn shares_follow_who_is_asking() {
+    let c = clock();
+    let svc = service(layer(memory(&c), share(4, 16), share(4, 16)));
+    // `a`'s admissions in each second; `b` asks except in seconds 4 to 9.
+    let mut admitted_a = vec![0u32; 14];
+    let mut elapsed = 0;
+    while elapsed < 14 * SEC {
+        let second = (elapsed / SEC) as usize;
+        if svc.clone().oneshot(request("a")).await.unwrap().status() == 200 {
+            admitted_a[second] += 1;
+        }
+        if !(4..10).contains(&second) {
+            svc.clone().oneshot(request("b")).await.unwrap();
+        }
+        c.advance(Duration::from_nanos(TICK));
+        elapsed += TICK;
+    }
+    assert_eq!(admitted_a[2..4], [10, 10], "{admitted_a:?}");
+    // At 10/s, `a` banked its ceiling's burst of 16: 4 more per second than 16 for 4 s.
+    assert_eq!(admitted_a[4], 20, "{admitted_a:?}");
+    assert_eq!(admitted_a[8..10], [16, 16], "{admitted_a:?}");
+    assert_eq!(admitted_a[11..14], [10, 10, 10], "{admitted_a:?}");
+}
+
 #[tokio::test]
 async fn fields_report_the_guarantee_what_may_be_borrowed_and_an_exact_retry_after() {
     let c = clock();

@@ -6,14 +6,16 @@
 
 use std::{net::SocketAddr, time::Duration};
 
+mod support;
+use support::FailingStore;
+
 use http::StatusCode;
 use tokio::net::TcpListener;
 use tollgate::{
     clock::ManualClock,
-    error::StoreError,
     key::{GrpcMethod, HeaderKey},
     limiter::{MissingKey, OnStoreError},
-    store::{CheckFuture, MemoryStore, Store, StoreFuture},
+    store::MemoryStore,
     Limit, Policy, Quota, RateLimitLayer,
 };
 use tonic::{
@@ -247,36 +249,11 @@ async fn grpc_status_off_gives_grpc_clients_the_http_refusal() {
     assert!(status.get_details_retry_info().is_none());
 }
 
-/// A store that always fails.
-struct Broken(Policy);
-
-impl Store<Option<()>> for Broken {
-    fn default_policy(&self) -> Option<Policy> {
-        Some(self.0.clone())
-    }
-    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
-        CheckFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
-        self.decide(key, policy, cost)
-    }
-    fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
-    fn settle(&self, _: &Option<()>, _: &Policy, _: u64, _: u64) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn reset(&self, _: &Option<()>) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn ban(&self, _: &Option<()>, _: &Policy, _: Duration) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-}
-
 #[tokio::test]
 async fn a_failed_store_under_fail_closed_is_unavailable() {
     let layer = RateLimitLayer::builder()
         .on_store_error(OnStoreError::FailClosed)
-        .build_with(Broken("1/s".parse().unwrap()))
+        .build_with(FailingStore)
         .unwrap();
     let mut client = client(serve!(layer)).await;
     let status = client.say_hello(hello(None)).await.unwrap_err();
@@ -330,4 +307,32 @@ async fn an_in_flight_refusal_is_resource_exhausted_with_a_retry_info() {
         .to_str()
         .unwrap()
         .contains("concurrent-requests"));
+}
+
+/// The in-flight and fair-sharing layers answer a keyless gRPC call they reject with the
+/// status that means what the configured HTTP status means, as `RateLimitLayer` does
+/// (they sent a problem+json body, which a tonic client reads as `INTERNAL`).
+#[tokio::test]
+async fn in_flight_and_fair_layers_reject_a_keyless_call_with_a_grpc_status() {
+    use tollgate::{fair::Share, FairLimitLayer, InFlightLimitLayer};
+    let in_flight = InFlightLimitLayer::builder(HeaderKey::new("x-api-key").unwrap(), 1)
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .build()
+        .unwrap();
+    let mut c = client(serve!(in_flight)).await;
+    assert_eq!(code(&mut c, hello(None)).await, Code::Unauthenticated);
+    assert_eq!(code(&mut c, hello(Some("k"))).await, Code::Ok);
+
+    let share = Share::new(Quota::per_second(1).unwrap(), Quota::per_second(2).unwrap()).unwrap();
+    let fair = FairLimitLayer::builder(
+        HeaderKey::new("x-api-key").unwrap(),
+        Quota::per_second(4).unwrap(),
+    )
+    .share(share)
+    .on_missing_key(MissingKey::Reject(StatusCode::BAD_REQUEST))
+    .build()
+    .unwrap();
+    let mut c = client(serve!(fair)).await;
+    assert_eq!(code(&mut c, hello(None)).await, Code::InvalidArgument);
+    assert_eq!(code(&mut c, hello(Some("k"))).await, Code::Ok);
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
-use support::Events;
+use support::{Events, FailingStore};
 use tollgate::{
     clock::ManualClock,
     decision::{Outcome, Source},
@@ -87,31 +87,6 @@ async fn burst(app: &Router, key: &str, n: usize) -> (u64, u64) {
         }
     }
     (ok, refused)
-}
-
-/// A store whose every call fails at once (a custom store's backend being down).
-struct Failing;
-
-impl Store<Option<()>> for Failing {
-    fn default_policy(&self) -> Option<Policy> {
-        Some("1/s".parse().unwrap())
-    }
-    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
-        CheckFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
-        self.decide(key, policy, cost)
-    }
-    fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}
-    fn settle(&self, _: &Option<()>, _: &Policy, _: u64, _: u64) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn reset(&self, _: &Option<()>) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
-    fn ban(&self, _: &Option<()>, _: &Policy, _: Duration) -> StoreFuture<()> {
-        StoreFuture::ready(Err(StoreError::backend("connection refused")))
-    }
 }
 
 /// A store that answers every call with the same decision, made without its backend:
@@ -687,7 +662,7 @@ fn evictions_are_counted_with_state_over_budget_and_fresh_once_back_to_fresh() {
 #[tokio::test]
 async fn fail_closed_store_errors_are_counted_as_degraded_decisions() {
     let rec = Recorder::new();
-    let app = rec.scope(|| app_on("closed", Failing, OnStoreError::FailClosed));
+    let app = rec.scope(|| app_on("closed", FailingStore, OnStoreError::FailClosed));
     for _ in 0..6 {
         assert_eq!(send(&app, "/", None).await, StatusCode::SERVICE_UNAVAILABLE);
     }
@@ -708,7 +683,7 @@ async fn fail_closed_store_errors_are_counted_as_degraded_decisions() {
 async fn fail_open_store_errors_are_counted_once_as_degraded_decisions() {
     let rec = Recorder::new();
     // Fail open is the default.
-    let app = rec.scope(|| app_on("open", Failing, OnStoreError::default()));
+    let app = rec.scope(|| app_on("open", FailingStore, OnStoreError::default()));
     for _ in 0..6 {
         assert_eq!(send(&app, "/", None).await, StatusCode::OK);
     }
@@ -859,7 +834,7 @@ async fn shadow_would_be_refusals_log_an_info_event_marked_shadow() {
 #[tokio::test]
 async fn store_failures_warn_once_a_second_and_log_the_others_at_debug() {
     let events = five_within_one_second(
-        || app_on("edge", Failing, OnStoreError::FailClosed),
+        || app_on("edge", FailingStore, OnStoreError::FailClosed),
         StatusCode::SERVICE_UNAVAILABLE,
     )
     .await;
@@ -881,7 +856,7 @@ async fn store_failures_warn_once_a_second_and_log_the_others_at_debug() {
 #[tokio::test]
 async fn fail_open_logs_each_store_failure_once() {
     let events = five_within_one_second(
-        || app_on("edge", Failing, OnStoreError::FailOpen),
+        || app_on("edge", FailingStore, OnStoreError::FailOpen),
         StatusCode::OK,
     )
     .await;

@@ -10,11 +10,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http::{
-    header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
-    response::Parts,
-    HeaderMap, HeaderValue, Request, Response, StatusCode,
-};
+use http::{response::Parts, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
@@ -31,11 +27,10 @@ use crate::{
     gate::{Admission, Decide, GateFuture},
     key::{Global, KeyExtractor, RequestHead},
     limiter::{KeylessWarning, MissingKey, OnStoreError, OncePerSecond},
-    observe::unix_secs,
+    observe::outage,
     quota::Quota,
-    response::RateLimitBody,
     response::{
-        grpc, plain, problem_body, retry_after_secs, sf_string, NO_STORE, PROBLEM_JSON,
+        grpc, own_answer, problem_body, quota_refusal, retry_after_secs, sf_string, RateLimitBody,
         QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
     },
     store::StoreFuture,
@@ -114,22 +109,11 @@ impl<X, St> Shared<X, St> {
             retry_after_ms = d.retry_after / 1_000_000,
             "fair-share limit refused a request"
         );
+        let message =
+            is_grpc.then_some("Request quota exceeded; retry after the delay in RetryInfo.");
         let wait = Duration::from_nanos(d.retry_after);
-        let mut r = if is_grpc {
-            grpc::status(
-                grpc::Code::ResourceExhausted,
-                "Request quota exceeded; retry after the delay in RetryInfo.",
-                Some(wait),
-            )
-        } else {
-            let mut r = Response::new(self.body.clone());
-            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-            r
-        };
+        let mut r = quota_refusal(self.body.clone(), message, Some(wait));
         let h = r.headers_mut();
-        h.insert(CACHE_CONTROL, NO_STORE);
-        h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
         self.apply(h, share, d);
         r
     }
@@ -459,7 +443,7 @@ fn settle<X, St>(
             shared.count(false);
             Err(Box::new(shared.refusal(&share, &d, is_grpc)))
         }
-        Err(e) => failed(shared, &e),
+        Err(e) => failed(shared, &e, is_grpc),
     }
 }
 
@@ -467,14 +451,12 @@ fn settle<X, St>(
 fn failed<X, St>(
     shared: &Shared<X, St>,
     e: &StoreError,
+    is_grpc: bool,
 ) -> Result<Fields<X, St>, Box<Response<Bytes>>> {
-    if shared.failures.first(unix_secs()) {
-        tracing::warn!(target: "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
-    } else {
-        tracing::debug!(target: "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
-    }
+    outage!(shared.failures, "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
     match shared.on_error {
-        OnStoreError::FailClosed => Err(Box::new(plain(
+        OnStoreError::FailClosed => Err(Box::new(own_answer(
+            is_grpc,
             StatusCode::SERVICE_UNAVAILABLE,
             "The fair-share limiter's store is unavailable.",
         ))),
@@ -552,7 +534,8 @@ where
                     };
                 }
                 MissingKey::Reject(status) => {
-                    let response = plain(
+                    let response = own_answer(
+                        grpc::is_grpc(req.headers()),
                         status,
                         "No fair-share key could be extracted from this request.",
                     );

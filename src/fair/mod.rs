@@ -64,9 +64,11 @@
 //! 10 s of its proportional part, the tolerance the tests assert; the pool's total never
 //! passes its rate plus its burst in any window. Each request costs one unit.
 //!
-//! A key's share is adjusted once per activity period to who is asking, so a key that
-//! starts asking gets its part from its first request, and one that stops leaves its part
-//! to the others one to two periods later.
+//! A key counts as asking from its first request, and for one to two activity periods
+//! after its last; what a key that stopped leaves is borrowed at once while the pool keeps
+//! half its burst. Measured: of two greedy keys, one stopping takes the other from 10/s
+//! to the pool's 20/s in the next second (its ceiling's banked burst of 16 lasting 4 s),
+//! then to its ceiling's 16/s; the first asking again brings both back to 10/s at once.
 //!
 //! # Headers
 //!

@@ -4,16 +4,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{
-    header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
-    HeaderMap, HeaderValue, Response, StatusCode,
-};
+use http::{HeaderMap, HeaderValue, Response};
 
 use crate::{
     error::ConfigError,
     response::{
-        grpc, problem_body, sf_string, shared_value, NO_STORE, PROBLEM_JSON, QUOTA_EXCEEDED,
-        RATELIMIT, RATELIMIT_POLICY,
+        problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED, RATELIMIT,
+        RATELIMIT_POLICY,
     },
 };
 
@@ -22,7 +19,7 @@ const PRESET: u32 = 256;
 
 /// A concurrency refusal has no exact retry time (a slot frees when some response ends):
 /// one second, the shortest a client may be told, and never `0`.
-const RETRY_AFTER_SECS: HeaderValue = HeaderValue::from_static("1");
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What the layer adds to its responses.
 pub(crate) struct Answers {
@@ -135,23 +132,11 @@ impl Answers {
     /// a gRPC call, `RESOURCE_EXHAUSTED` with a one-second `RetryInfo` and the same
     /// fields as metadata.
     pub(crate) fn refusal(&self, grpc: bool) -> Response<Bytes> {
-        let mut r = if grpc {
-            grpc::status(
-                grpc::Code::ResourceExhausted,
-                "Too many requests of this client are in flight; retry when one has finished.",
-                Some(Duration::from_secs(1)),
-            )
-        } else {
-            let mut r = Response::new(self.body.clone());
-            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-            r
-        };
-        let h = r.headers_mut();
-        h.reserve(5);
-        h.insert(CACHE_CONTROL, NO_STORE);
-        h.insert(RETRY_AFTER, RETRY_AFTER_SECS);
-        self.apply(h, 0);
+        let message = grpc.then_some(
+            "Too many requests of this client are in flight; retry when one has finished.",
+        );
+        let mut r = quota_refusal(self.body.clone(), message, Some(RETRY_AFTER));
+        self.apply(r.headers_mut(), 0);
         r
     }
 }

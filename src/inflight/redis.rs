@@ -21,6 +21,7 @@ use super::store::{
 use crate::{
     error::{ConfigError, StoreError},
     limiter::OncePerSecond,
+    observe::outage,
     store::{redis::keys, KeyBytes, RedisConnection},
 };
 
@@ -146,7 +147,6 @@ impl RedisInFlightBuilder {
                 held: Mutex::new(Held::default()),
                 waiting: Mutex::new(HashMap::new()),
                 runtime: OnceLock::new(),
-                started: std::time::Instant::now(),
                 warned: OncePerSecond::default(),
             }),
         })
@@ -236,7 +236,6 @@ struct Leases {
     waiting: Mutex<HashMap<Arc<[u8]>, u32>>,
     /// A runtime to give leases back on when a body is dropped outside one.
     runtime: OnceLock<Handle>,
-    started: std::time::Instant,
     /// Failures logged as a warning: the first of each second.
     warned: OncePerSecond,
 }
@@ -295,12 +294,7 @@ impl Leases {
 
     /// A warning for the first failure of each second, `DEBUG` for the others.
     fn log_failure(&self, e: &StoreError) {
-        // Seconds counted from one: the first failure, in second 0, is a warning too.
-        if self.warned.first(self.started.elapsed().as_secs() + 1) {
-            tracing::warn!(target: "tollgate::redis", error = %e, "in-flight lease call to Redis failed");
-        } else {
-            tracing::debug!(target: "tollgate::redis", error = %e, "in-flight lease call to Redis failed");
-        }
+        outage!(self.warned, "tollgate::redis", error = %e, "in-flight lease call to Redis failed");
     }
 
     fn next_id(&self) -> Box<[u8]> {

@@ -22,12 +22,11 @@ use super::{
     store::{Acquiring, Attempt, InFlightStore, Outcome, Permit},
 };
 use crate::{
-    error::StoreError,
     future::take_ready,
     gate::{Admission, Decide, GateFuture},
     key::KeyExtractor,
     limiter::{MissingKey, OnStoreError},
-    response::{grpc, plain},
+    response::{grpc, own_answer},
 };
 
 /// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
@@ -98,21 +97,22 @@ fn settle(
             tracing::info!(target: "tollgate", limiter = %answers.label, "in-flight limit refused a request");
             Err(Box::new(answers.refusal(grpc())))
         }
-        Outcome::Failed(e) => failed(&e, answers, on_error),
+        Outcome::Failed(_) => failed(answers, on_error, grpc),
     }
 }
 
+/// A failed store (which logged the failure): `OnStoreError` decides.
 #[cold]
 fn failed(
-    e: &StoreError,
     answers: &Answers,
     on_error: OnStoreError,
+    grpc: impl FnOnce() -> bool,
 ) -> Result<Admitted, Box<Response<Bytes>>> {
-    let _ = e;
     match on_error {
         OnStoreError::FailClosed => {
             answers.count(Counted::FailClosed);
-            Err(Box::new(plain(
+            Err(Box::new(own_answer(
+                grpc(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "The in-flight limiter's store is unavailable.",
             )))
@@ -238,7 +238,8 @@ where
                     };
                 }
                 MissingKey::Reject(status) => {
-                    let response = plain(
+                    let response = own_answer(
+                        grpc::is_grpc(req.headers()),
                         status,
                         "No in-flight limit key could be extracted from this request.",
                     );

@@ -504,9 +504,7 @@ impl Fields {
         }
         response
     }
-}
 
-impl Fields {
     /// The refusal of a gRPC request: `RESOURCE_EXHAUSTED` with the exact retry delay in
     /// a `RetryInfo` (none when the cost can never be admitted), and the same
     /// `Retry-After` and rate-limit fields as an HTTP refusal, harmless as gRPC metadata.
@@ -517,13 +515,48 @@ impl Fields {
             }
             _ => "Request quota exceeded; retry after the delay in RetryInfo.",
         };
-        let mut r = grpc::status(grpc::Code::ResourceExhausted, message, d.retry_after());
-        let headers = r.headers_mut();
-        if let Some(wait) = d.retry_after() {
-            headers.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
-        }
-        self.headers(a, d, shadow).apply(headers);
+        let mut r = quota_refusal(Bytes::new(), Some(message), d.retry_after());
+        self.headers(a, d, shadow).apply(r.headers_mut());
         r
+    }
+}
+
+/// A quota refusal before its rate-limit fields: `429` with `body` as a problem body, or,
+/// given a gRPC `message`, `RESOURCE_EXHAUSTED` with the delay in a `RetryInfo`; either
+/// way `Cache-Control: no-store` and `Retry-After` (the wait rounded up) when there is a
+/// wait. Shared by every layer's refusal.
+pub(crate) fn quota_refusal(
+    body: Bytes,
+    grpc_message: Option<&str>,
+    wait: Option<Duration>,
+) -> Response<Bytes> {
+    let mut r = match grpc_message {
+        Some(message) => grpc::status(grpc::Code::ResourceExhausted, message, wait),
+        None => {
+            let mut r = Response::new(body);
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+            r
+        }
+    };
+    let h = r.headers_mut();
+    // Room for the fields the layer adds next.
+    h.reserve(6);
+    h.insert(CACHE_CONTROL, NO_STORE);
+    if let Some(wait) = wait {
+        h.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
+    }
+    r
+}
+
+/// A response of the middleware's own that is not a rate-limit refusal (no key, a deny
+/// list, a failed store under fail-closed): a problem body, or for a gRPC call the status
+/// of the same meaning.
+pub(crate) fn own_answer(grpc: bool, status: StatusCode, detail: &str) -> Response<Bytes> {
+    if grpc {
+        grpc::status(grpc::Code::of(status), detail, None)
+    } else {
+        plain(status, detail)
     }
 }
 

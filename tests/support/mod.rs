@@ -166,3 +166,49 @@ impl tracing::Subscriber for Events {
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
 }
+
+/// A store whose every call fails at once (a custom store's backend being down), for a
+/// layer of `1/s` keyed by `Global` or `MissingKey::Shared`.
+pub struct FailingStore;
+
+impl tollgate::store::Store<Option<()>> for FailingStore {
+    fn default_policy(&self) -> Option<tollgate::Policy> {
+        Some("1/s".parse().unwrap())
+    }
+    fn decide(&self, _: &Option<()>, _: &tollgate::Policy, _: u64) -> tollgate::store::CheckFuture {
+        tollgate::store::CheckFuture::ready(Err(down()))
+    }
+    fn preview(
+        &self,
+        key: &Option<()>,
+        policy: &tollgate::Policy,
+        cost: u64,
+    ) -> tollgate::store::CheckFuture {
+        self.decide(key, policy, cost)
+    }
+    fn refund(&self, _: &Option<()>, _: &tollgate::Policy, _: u64) {}
+    fn settle(
+        &self,
+        _: &Option<()>,
+        _: &tollgate::Policy,
+        _: u64,
+        _: u64,
+    ) -> tollgate::store::StoreFuture<()> {
+        tollgate::store::StoreFuture::ready(Err(down()))
+    }
+    fn reset(&self, _: &Option<()>) -> tollgate::store::StoreFuture<()> {
+        tollgate::store::StoreFuture::ready(Err(down()))
+    }
+    fn ban(
+        &self,
+        _: &Option<()>,
+        _: &tollgate::Policy,
+        _: std::time::Duration,
+    ) -> tollgate::store::StoreFuture<()> {
+        tollgate::store::StoreFuture::ready(Err(down()))
+    }
+}
+
+fn down() -> tollgate::error::StoreError {
+    tollgate::error::StoreError::backend("connection refused")
+}

@@ -223,8 +223,8 @@ fn short() -> StoreError {
 
 /// A request on its own: the plain script call (and, when the fast script finds a state
 /// written under other limits, the general one right after it, before any later
-/// request), or a `DEL`.
-async fn one(conn: &mut ConnectionManager, request: &Request) -> Reply {
+/// request), or a `DEL`. Also how an unbatched store sends every request.
+pub(super) async fn one<C: redis::aio::ConnectionLike>(conn: &mut C, request: &Request) -> Reply {
     let backend = StoreError::backend;
     match &request.call {
         Call::Script {

@@ -5,7 +5,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
 
 use super::{
-    batch::{Batcher, Call, Request},
+    batch::{self, Batcher, Call, Request},
     breaker::{Breaker, BreakerState, Permit},
     failure::{scaled_policy, FailurePolicy},
     keys,
@@ -123,25 +123,10 @@ impl RedisConnection {
         request: Request,
         batching: bool,
     ) -> Result<Vec<i64>, StoreError> {
-        if let (Conn::Single(c), true) = (&self.conn, batching) {
-            return self.batch.submit(c, request).await;
-        }
-        match request.call {
-            Call::Script {
-                mode,
-                cost,
-                now_ns,
-                limits,
-                general,
-            } => {
-                let inv = script::invocation(&request.key, mode, cost, now_ns, &limits, general);
-                self.invoke(&inv).await
-            }
-            Call::Delete => {
-                let mut cmd = redis::cmd("DEL");
-                cmd.arg(&request.key);
-                self.query::<i64>(&cmd).await.map(|_| Vec::new())
-            }
+        match &self.conn {
+            Conn::Single(c) if batching => self.batch.submit(c, request).await,
+            Conn::Single(c) => batch::one(&mut c.clone(), &request).await,
+            Conn::Cluster(c) => batch::one(&mut c.clone(), &request).await,
         }
     }
 
@@ -473,7 +458,8 @@ impl Shared {
     }
 
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
-    /// (or when the fast one finds a state written under other limits).
+    /// (or when the fast one finds a state written under other limits: `batch::one` and
+    /// the batch script send it then, within the same call's deadline).
     async fn ask(
         &self,
         key: &[u8],
@@ -482,10 +468,7 @@ impl Shared {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let limits = script::limit_args(policy).map_err(StoreError::backend)?;
-        let mut reply = self.guarded_call(key, mode, cost, &limits, false).await?;
-        if reply == [3] {
-            reply = self.guarded_call(key, mode, cost, &limits, true).await?;
-        }
+        let reply = self.guarded_call(key, mode, cost, &limits, false).await?;
         script::decode_decision(&reply, policy, cost)
     }
 
