@@ -59,7 +59,7 @@ pub(crate) enum Next<O, H> {
     /// Call the inner service, after `wait`, adding `extra` to its response.
     Proceed {
         wait: Duration,
-        extra: H,
+        extra: Option<H>,
         refund: Option<RefundGuard>,
     },
 }
@@ -102,13 +102,13 @@ pin_project! {
             sleep: Sleep,
             svc: S,
             req: Req,
-            extra: H,
+            extra: Option<H>,
             refund: Option<RefundGuard>,
         },
         Ready {
             svc: S,
             req: Req,
-            extra: H,
+            extra: Option<H>,
             refund: Option<RefundGuard>,
         },
         // Between two states, while their values move.
@@ -118,9 +118,9 @@ pin_project! {
 
 /// How the slow states end.
 enum SlowDone<F, E, O, H> {
-    Call(F, H),
+    Call(F, Option<H>),
     Refuse(O),
-    Failed(E, H),
+    Failed(E, Option<H>),
 }
 
 impl<S, Req, O, H> Slow<S, Req, O, H>
@@ -220,11 +220,13 @@ where
         Machine::Refused { out }
     }
 
+    #[inline]
     pub(crate) fn calling(future: S::Future, extra: Option<H>) -> Self {
         Machine::Calling { future, extra }
     }
 
     /// The state for a decided request: refused, called at once, or queued.
+    #[inline]
     pub(crate) fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
     where
         S: Clone,
@@ -232,7 +234,7 @@ where
         match next {
             Next::Refuse(out) => Machine::refused(out),
             Next::Proceed { wait, extra, .. } if wait.is_zero() => {
-                Machine::calling(inner.call(req), Some(extra))
+                Machine::calling(inner.call(req), extra)
             }
             Next::Proceed {
                 wait,
@@ -266,6 +268,7 @@ where
         }
     }
 
+    #[inline]
     pub(crate) fn poll_machine(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -279,25 +282,20 @@ where
                     return Poll::Ready(Finished::Early(out));
                 }
                 MachineProj::Slow { slow } => match ready!(slow.as_mut().poll_slow(cx)) {
-                    SlowDone::Call(future, extra) => self.set(Machine::Calling {
-                        future,
-                        extra: Some(extra),
-                    }),
+                    SlowDone::Call(future, extra) => self.set(Machine::Calling { future, extra }),
                     SlowDone::Refuse(o) => {
                         self.set(Machine::Done);
                         return Poll::Ready(Finished::Early(o));
                     }
                     SlowDone::Failed(e, extra) => {
                         self.set(Machine::Done);
-                        return Poll::Ready(Finished::Inner(Err(e), Some(extra)));
+                        return Poll::Ready(Finished::Inner(Err(e), extra));
                     }
                 },
-                MachineProj::Calling { future, .. } => {
+                MachineProj::Calling { future, extra } => {
                     let result = ready!(future.poll(cx));
-                    let MachineOwned::Calling { extra, .. } = self.project_replace(Machine::Done)
-                    else {
-                        unreachable!("the state was Calling")
-                    };
+                    let extra = extra.take();
+                    self.set(Machine::Done);
                     return Poll::Ready(Finished::Inner(result, extra));
                 }
                 MachineProj::Done => panic!("{POLLED_AFTER_DONE}"),

@@ -88,14 +88,15 @@ pub(crate) trait Flavour<Req>: Prepare {
     type Extra;
 
     fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
-    /// What an admitted request carries to its response, with the settlement of its
-    /// cost when the layer settles costs from responses.
+    /// What an admitted request carries to its response (none: the response goes out as
+    /// the inner service made it), with the settlement of its cost when the layer settles
+    /// costs from responses.
     fn admit(
         &self,
         req: &mut Req,
         v: &Verdict<'_, Self::Prepared>,
         settle: Option<Settlement>,
-    ) -> Self::Extra;
+    ) -> Option<Self::Extra>;
     fn failed(&self, req: &Req, error: StoreError) -> Self::Refusal;
     fn keyless(&self, req: &Req, status: StatusCode) -> Self::Refusal;
     /// The answer to a request on a deny list.
@@ -561,8 +562,9 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             policy,
             cost,
         };
-        if let Some(d) = self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.conclude(req, &at, key, &d));
+        // Read in place: a decision is a few cache lines, and moving it out costs a copy.
+        if let Some(d) = &self.store.decide_now(&key, policy, cost) {
+            return Begin::Now(self.conclude(req, &at, key, d));
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {

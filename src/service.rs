@@ -20,7 +20,7 @@ use crate::{
     access::Access,
     cost::Cost,
     error::StoreError,
-    future::{take_ready, Finished, Machine},
+    future::{take_ready, Finished, Machine, Next},
     key::{KeyExtractor, RequestHead},
     layer::{DecisionEvent, Hook},
     limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
@@ -124,17 +124,23 @@ impl<B> Flavour<Request<B>> for Http {
         req: &mut Request<B>,
         v: &Verdict<'_, Fields>,
         settle: Option<Settlement>,
-    ) -> ResponseHeaders {
+    ) -> Option<ResponseHeaders> {
         let d = v.decision;
-        let mut headers = v.prepared.headers(&self.answers, d, v.shadow_mask);
-        if settle.is_some() || self.hook.is_some() || (d.shadowed() && self.shadow_header.is_some())
-        {
-            self.rare(req, v, settle, &mut headers);
-        }
         if self.expose || d.shadowed() {
             req.extensions_mut().insert(*d);
         }
-        headers
+        let rare = settle.is_some()
+            || self.hook.is_some()
+            || (d.shadowed() && self.shadow_header.is_some());
+        // With the fields off and nothing rare, the response goes out untouched.
+        if !rare && !self.answers.fields() {
+            return None;
+        }
+        let mut headers = v.prepared.headers(&self.answers, d, v.shadow_mask);
+        if rare {
+            self.rare(req, v, settle, &mut headers);
+        }
+        Some(headers)
     }
 
     fn failed(&self, req: &Request<B>, _: StoreError) -> Self::Refusal {
@@ -280,6 +286,10 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let machine = match self.limiter.begin(&mut req) {
+            // The common case spelled out, so the request moves once, into the inner call.
+            Begin::Now(Next::Proceed { wait, extra, .. }) if wait.is_zero() => {
+                Machine::calling(self.inner.call(req), extra)
+            }
             Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
             Begin::Later(check, then) => {
                 Machine::checking(check, then, take_ready(&mut self.inner), req)

@@ -42,7 +42,9 @@ impl<Req> Flavour<Req> for Plain {
         Box::new(RateLimited::new(*v.decision))
     }
 
-    fn admit(&self, _: &mut Req, _: &Verdict<'_, ()>, _: Option<Settlement>) {}
+    fn admit(&self, _: &mut Req, _: &Verdict<'_, ()>, _: Option<Settlement>) -> Option<()> {
+        None
+    }
 
     fn failed(&self, _: &Req, error: StoreError) -> BoxError {
         Box::new(error)

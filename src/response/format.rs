@@ -79,6 +79,13 @@ impl fmt::Debug for Answers {
     }
 }
 
+impl Answers {
+    /// Whether admitted responses carry rate-limit fields.
+    pub(crate) fn fields(&self) -> bool {
+        self.ietf || self.legacy
+    }
+}
+
 impl Default for Answers {
     fn default() -> Self {
         Answers {
