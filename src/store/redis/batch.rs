@@ -30,6 +30,8 @@ use crate::error::StoreError;
 
 /// Most requests in one batch call.
 pub(super) const MAX_BATCH: usize = 128;
+// A batch names each request's key and list of limits by an index below 256.
+const _: () = assert!(MAX_BATCH < 256);
 
 /// What one request asks of Redis.
 pub(super) enum Call {
