@@ -5,13 +5,11 @@
 # one connection (the "100 000 random keys, admitted" scenario; SCENARIO="hot key,
 # admitted" for the other one). A redis-server on PORT runs under
 # valgrind's callgrind, the benchmark (one side at a time, TOLLGATE_REDIS_SIDE) runs under
-# callgrind too. Once WARM decisions have been made (connections open, scripts loaded and
+# callgrind too. Once Redis has read WARM keys (connections open, scripts loaded and
 # compiled), both counters are zeroed; SECS seconds later both are dumped and the counts
-# are divided by the decisions Redis made in between: its key lookups for reading,
-# keyspace hits plus misses (every decision of every side reads its key once: a GET in
-# its script, or its part of the batch script's MGET). The EVALSHA calls give the mean
-# batch size (SECS must end before the
-# benchmark does: it runs about 10 s under callgrind). Only the steady state is
+# are divided by the decisions the benchmark made in between (it prints its count on
+# SIGUSR1, sent right after zeroing and right before dumping). The EVALSHA calls give the
+# mean batch size (the benchmark runs 60 rounds of 1 s, past SECS). Only the steady state is
 # counted. The store's deadline is raised to 60 s: under callgrind round trips take longer
 # than the default 200 ms, and decisions past it would fall back to the local limiter. Timed runs on a shared 2-core machine move by several percent between runs;
 # these counts do not.
@@ -56,7 +54,7 @@ for side in $SIDES; do
     redis-server --port "$PORT" --save "" --appendonly no >/dev/null 2>&1 &
   spid=$!
   for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_TASKS=$TASKS TOLLGATE_REDIS_SCENARIO=$SCENARIO TOLLGATE_REDIS_DEADLINE_MS=60000 \
+  REDIS_URL="redis://127.0.0.1:$PORT" TOLLGATE_REDIS_SIDE=$side TOLLGATE_REDIS_TASKS=$TASKS TOLLGATE_REDIS_SCENARIO=$SCENARIO TOLLGATE_REDIS_ROUNDS=60 TOLLGATE_REDIS_DEADLINE_MS=60000 \
     $([[ $CLIENT == native ]] || echo valgrind --tool=callgrind --callgrind-out-file="$out/cli.$side") \
     "$bench" >/dev/null 2>"$out/cli.$side.log" &
   cpid=$!
@@ -64,16 +62,17 @@ for side in $SIDES; do
   callgrind_control --zero "$spid" >/dev/null
   [[ $CLIENT == native ]] || callgrind_control --zero "$cpid" >/dev/null
   c0=$(evalsha)
-  g0=$(gets)
+  kill -USR1 "$cpid"
   sleep "$SECS"
+  kill -USR1 "$cpid"
+  c1=$(evalsha)
   [[ $CLIENT == native ]] || callgrind_control --dump=measured "$cpid" >/dev/null
   callgrind_control --dump=measured "$spid" >/dev/null
-  c1=$(evalsha)
-  g1=$(gets)
+  for _ in $(seq 100); do [[ $(grep -c '^decisions:' "$out/cli.$side.log") -ge 2 ]] && break; sleep 0.1; done
   kill -9 "$cpid" "$spid" 2>/dev/null || true
   wait "$cpid" "$spid" 2>/dev/null || true
   calls=$((c1 - c0))
-  n=$((g1 - g0))
+  n=$(grep '^decisions:' "$out/cli.$side.log" | awk 'NR == 1 {a = $2} NR == 2 {print $2 - a}')
   cli=0
   [[ $CLIENT == native ]] || cli=$(summary "$out"/cli."$side".*)
   srv=$(summary "$out"/srv."$side".*)

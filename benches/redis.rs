@@ -35,6 +35,10 @@ const ROUND: Duration = Duration::from_millis(1000);
 const ROUNDS: usize = 7;
 const KEYS: u64 = 100_000;
 
+/// Decisions made so far, every side together: `bench/redis_instructions.sh` reads it
+/// (printed on SIGUSR1) to divide its instruction counts by.
+static DECISIONS: AtomicU64 = AtomicU64::new(0);
+
 /// The script a team would write by hand: GCRA on one key, time from the server, TAT in µs.
 const BARE_GCRA: &str = r"
 local t = tonumber(ARGV[1])
@@ -120,6 +124,7 @@ where
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     decide(key_for(keys, task, i)).await;
+                    DECISIONS.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                     // A locally answered decision never yields on its own: let the timer run.
                     if i.is_multiple_of(32) {
@@ -170,11 +175,26 @@ async fn main() {
             .unwrap_or(200),
     );
     // `TOLLGATE_REDIS_SIDE=batched` (or `unbatched`, `bare`) runs one side only, for
-    // profilers; `TOLLGATE_REDIS_TASKS` then sets the number of callers (default 64).
+    // profilers; `TOLLGATE_REDIS_TASKS` then sets the number of callers (default 64) and
+    // `TOLLGATE_REDIS_ROUNDS` the number of rounds (default 7).
     let only_side = std::env::var("TOLLGATE_REDIS_SIDE").ok();
     let only_tasks = std::env::var("TOLLGATE_REDIS_TASKS")
         .ok()
         .and_then(|n| n.parse().ok());
+    let only_rounds = std::env::var("TOLLGATE_REDIS_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS);
+
+    if only_side.is_some() {
+        tokio::spawn(async {
+            let kind = tokio::signal::unix::SignalKind::user_defined1();
+            let mut signal = tokio::signal::unix::signal(kind).unwrap();
+            while signal.recv().await.is_some() {
+                eprintln!("decisions: {}", DECISIONS.load(Ordering::Relaxed));
+            }
+        });
+    }
 
     let mut seen = std::collections::HashSet::new();
     println!(
@@ -236,7 +256,7 @@ async fn main() {
             }
         };
         if let Some(side) = &only_side {
-            for _ in 0..ROUNDS {
+            for _ in 0..only_rounds {
                 match side.as_str() {
                     "bare" => drive(bare_side.clone(), keys, tasks).await.0,
                     "unbatched" => drive(tollgate_side(unbatched.clone()), keys, tasks).await.0,

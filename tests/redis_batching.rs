@@ -12,6 +12,7 @@ use std::time::Duration;
 use redis_support::RedisServer;
 use tokio::task::JoinSet;
 use tollgate::{
+    clock::ManualClock,
     decision::Source,
     store::{FailurePolicy, RedisConnection, RedisStore},
     Limit, Quota,
@@ -105,4 +106,67 @@ async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(source, Source::Store);
+}
+
+/// A batch leaves each key what its requests' own calls would have left: the stored bytes
+/// of an unbatched store deciding the same requests at the same (test clock's) time, and
+/// a TTL of the time until fresh plus the test clock's slack (60 s).
+#[tokio::test]
+async fn a_batch_writes_what_separate_calls_write() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let clock = ManualClock::at(Duration::from_secs(1_750_000_000));
+    let build = |namespace: &str, batching: bool| {
+        RedisStore::builder(limit())
+            .namespace(namespace)
+            .clock(clock.clone())
+            .negative_cache(0)
+            .deadline(Duration::from_secs(5))
+            .batching(batching)
+            .build(conn.clone())
+            .unwrap()
+    };
+    let (batched, single) = (build("batched", true), build("single", false));
+    batched.check("warm", 1).await.unwrap();
+    let keys = ["a", "b", "a", "c", "a", "c", "d", "a"];
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for k in keys {
+        let store = batched.clone();
+        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::Store);
+    }
+    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    let mut last = std::collections::HashMap::new();
+    for k in keys {
+        last.insert(k, single.check(k, 1).await.unwrap());
+    }
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for (k, d) in last {
+        let get = |key: Vec<u8>| redis::cmd("GET").arg(key).clone();
+        let got: Vec<u8> = get(batched.redis_key(k))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let want: Vec<u8> = get(single.redis_key(k))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(got, want, "key {k}");
+        let pttl: u64 = redis::cmd("PTTL")
+            .arg(batched.redis_key(k))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let expect = d.reset_after().as_nanos().div_ceil(1_000_000) as u64 + 60_000;
+        assert!(
+            (expect - 1_000..=expect).contains(&pttl),
+            "key {k}: PTTL {pttl} ms, expected {expect} ms"
+        );
+    }
 }

@@ -15,7 +15,7 @@
 //! sent.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -30,6 +30,8 @@ use crate::error::StoreError;
 
 /// Most requests in one batch call.
 pub(super) const MAX_BATCH: usize = 128;
+// A batch names each request's key and list of limits by an index below 256.
+const _: () = assert!(MAX_BATCH < 256);
 
 /// What one request asks of Redis.
 pub(super) enum Call {
@@ -255,29 +257,49 @@ pub(super) async fn one<C: redis::aio::ConnectionLike>(conn: &mut C, request: &R
 /// call's error for all.
 async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
     let script: &'static redis::Script = &script::BATCH_SCRIPT;
-    let bytes: usize = items.iter().map(|p| p.request.key.len() + 160).sum();
-    let mut cmd = redis::Cmd::with_capacity(3 + 16 * items.len(), 64 + bytes);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(items.len());
-    for p in items {
-        cmd.arg(&p.request.key);
-    }
-    // Every distinct list of limits once (a store's requests share one), then the
-    // requests, each naming its list.
+    // Every distinct key once, and every distinct list of limits once (a store's requests
+    // share one); each request names both by their index.
+    let mut keys: HashMap<&[u8], usize, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(items.len(), Default::default());
+    let mut order: Vec<&[u8]> = Vec::with_capacity(items.len());
     let mut lists: Vec<&[u64]> = Vec::new();
-    let mut which = Vec::with_capacity(items.len());
+    let mut records = Vec::with_capacity(16 * items.len());
     for p in items {
+        let key = p.request.key.as_slice();
+        let k = *keys.entry(key).or_insert_with(|| {
+            order.push(key);
+            order.len()
+        });
         let list = match &p.request.call {
             Call::Script { limits, .. } => limits.as_slice(),
             Call::Delete => &[],
         };
-        let i = match lists.iter().position(|l| *l == list) {
-            Some(i) => i,
+        let l = match lists.iter().position(|l| *l == list) {
+            Some(i) => i + 1,
             None => {
                 lists.push(list);
-                lists.len() - 1
+                lists.len()
             }
         };
-        which.push(i + 1);
+        match &p.request.call {
+            Call::Script {
+                mode,
+                cost,
+                now_ns,
+                limits,
+                general,
+            } => script::batch_item(&mut records, k, l, *mode, *cost, *now_ns, limits, *general),
+            Call::Delete => script::batch_delete(&mut records, k, l),
+        }
+    }
+    let bytes: usize = order.iter().map(|k| k.len() + 4).sum();
+    let mut cmd = redis::Cmd::with_capacity(
+        5 + order.len() + 8 * lists.len(),
+        128 + bytes + records.len(),
+    );
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(order.len());
+    for k in &order {
+        cmd.arg(*k);
     }
     cmd.arg(lists.len());
     for l in &lists {
@@ -286,33 +308,27 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
             cmd.arg(*a);
         }
     }
-    for (p, list) in items.iter().zip(which) {
-        match &p.request.call {
-            Call::Script {
-                mode,
-                cost,
-                now_ns,
-                limits,
-                general,
-            } => script::batch_item(&mut cmd, *mode, *cost, *now_ns, limits, *general, list),
-            Call::Delete => script::batch_delete(&mut cmd),
-        }
-    }
+    cmd.arg(records);
     let flat = run(&script::Invocation { script, cmd }, conn)
         .await
         .map_err(StoreError::backend)?;
     Ok(split(&flat, items.len()))
 }
 
-/// Splits the batch script's flat reply (per request: a length, then that many values)
-/// into one reply per request; requests past a malformed part get an error.
+/// Splits the batch script's flat reply into one reply per request: a fast reply is two
+/// values, a code (never negative) and the fill; any other is `-1 - n`, then its `n`
+/// values. Requests past a malformed part get an error.
 fn split(flat: &[i64], n: usize) -> Vec<Reply> {
     let mut out = Vec::with_capacity(n);
     let mut rest = flat;
     for _ in 0..n {
-        let part = rest.split_first().and_then(|(&len, tail)| {
-            let len = usize::try_from(len).ok()?;
-            (len <= tail.len()).then(|| tail.split_at(len))
+        let part = rest.split_first().and_then(|(&head, tail)| {
+            if head >= 0 {
+                (!tail.is_empty()).then(|| rest.split_at(2))
+            } else {
+                let len = usize::try_from(-1 - head).ok()?;
+                (len <= tail.len()).then(|| tail.split_at(len))
+            }
         });
         match part {
             Some((reply, tail)) => {
@@ -334,17 +350,18 @@ mod tests {
 
     #[test]
     fn split_gives_each_request_its_reply() {
-        let r = split(&[2, 0, 5, 0, 1, 9], 3);
+        let r = split(&[0, 5, -1, -2, 9, 1, 0], 4);
         assert_eq!(r[0], Ok(vec![0, 5]));
         assert_eq!(r[1], Ok(vec![]));
         assert_eq!(r[2], Ok(vec![9]));
+        assert_eq!(r[3], Ok(vec![1, 0]));
     }
 
     #[test]
     fn split_refuses_a_malformed_reply_without_panicking() {
-        assert!(split(&[3, 0, 5], 1)[0].is_err());
-        assert!(split(&[-1], 1)[0].is_err());
-        let r = split(&[1, 7], 2);
+        assert!(split(&[-4, 0, 5], 1)[0].is_err());
+        assert!(split(&[0], 1)[0].is_err());
+        let r = split(&[-2, 7], 2);
         assert_eq!(r[0], Ok(vec![7]));
         assert!(r[1].is_err());
     }

@@ -82,13 +82,14 @@
 //! [`RedisConnection`] in flight goes out at once, alone, as the plain script call (from
 //! the caller's own task), so an idle caller never waits for a batch. Requests made while
 //! a call is in flight queue; when it completes, the queue (up to 128 requests) goes out
-//! as one `EVALSHA` of a batch script, which runs the same two scripts once per request,
-//! in arrival order: each request is decided exactly as its own call would be, and a
-//! later request sees an earlier one's write (the same key twice included). Redis then
-//! parses one command, enters Lua once, reads `TIME` once, reads every key with one
-//! `MGET` and writes each key once at the end (its last state and TTL: time stands still
-//! inside a script, so that is the state the separate calls would have left); a list of
-//! limits shared by several requests is sent once. One call per connection is in flight
+//! as one `EVALSHA` of a batch script, which decides them in arrival order: each request
+//! is decided exactly as its own call would be (the fast script's requests by the same
+//! arithmetic inline, the others by the general script), and a later request sees an
+//! earlier one's write (the same key twice included). Redis then parses one command,
+//! enters Lua once, reads `TIME` once, reads every key with one `MGET` and writes each
+//! key once at the end (its last state and TTL: time stands still inside a script, so
+//! that is the state the separate calls would have left); each key and each list of
+//! limits is sent once, and the requests travel in one binary argument. One call per connection is in flight
 //! at a time, so a connection's calls reach Redis in the order their requests were made.
 //!
 //! Deadline, breaker and failure policy stay per request: each caller waits under its

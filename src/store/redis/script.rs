@@ -29,6 +29,9 @@ pub(super) const MAX_EXACT: u64 = 1 << 51;
 const MAX_WINDOW_NS: u64 = 1 << 52;
 /// Costs are clamped to this before they reach Lua (any larger cost exceeds every limit).
 const MAX_COST: u64 = 1 << 52;
+/// Extra TTL (ms) of state written at an overridden time: the override runs in fake time,
+/// and real time must not expire state that the fake clock still considers live.
+const SLACK_MS: u64 = 60_000;
 
 /// What the script is asked to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,7 +135,7 @@ pub(super) fn invocation(
     if let Some((t, cap)) = fast {
         cmd.arg(t).arg(cap);
         if let Some(ns) = now_ns {
-            cmd.arg(ns / 1000).arg(60_000u64);
+            cmd.arg(ns / 1000).arg(SLACK_MS);
         }
         return Invocation { script, cmd };
     }
@@ -152,9 +155,7 @@ fn fast_args(mode: Mode, limits: &[u64], general: bool) -> Option<(u64, u64)> {
 /// and the limits.
 fn general_tail(cmd: &mut redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
     match now_ns {
-        // The override runs in fake time: give the TTL slack so real time cannot expire
-        // state that the fake clock still considers live.
-        Some(ns) => cmd.arg(ns / 1000).arg(60_000u64),
+        Some(ns) => cmd.arg(ns / 1000).arg(SLACK_MS),
         None => cmd.arg("").arg(0u64),
     };
     for a in limits {
@@ -162,44 +163,72 @@ fn general_tail(cmd: &mut redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
     }
 }
 
-/// The batch script: `script.lua` and `script_gcra.lua` each wrapped, unchanged, in a
-/// function whose parameters `KEYS`, `ARGV` and `redis` shadow the globals of a plain
-/// call, then `script_batch.lua`, which calls them once per request in order, with its
-/// own `redis` that reads and writes the batch's keys in a table.
+/// The batch script: `script.lua` wrapped, unchanged, in a function whose parameters
+/// `KEYS`, `ARGV` and `redis` shadow the globals of a plain call, then
+/// `script_batch.lua`, which decides the fast script's requests itself and calls the
+/// general one for the others, in order, with its own `redis` that reads and writes the
+/// batch's values in a table.
 pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "local function general(KEYS, ARGV, redis)\n{}\nend\nlocal function gcra(KEYS, ARGV, redis)\n{}\nend\n{}",
+        "local function general(KEYS, ARGV, redis)\n{}\nend\n{}",
         include_str!("script.lua"),
-        include_str!("script_gcra.lua"),
         include_str!("script_batch.lua"),
     ))
 });
 
-/// Appends one request of a batch (see `script_batch.lua`) to `cmd`: its kind (0 the
-/// general script, 1 the fast GCRA script first, 2 a delete), mode, cost, the time
-/// override and TTL slack, and the index of its limits among the batch's lists (sent
-/// once for every request under them).
+/// Appends one script request of a batch to `records` (see `script_batch.lua`): the
+/// index of its key among the batch's keys and of its limits among the batch's lists
+/// (both 1-based, below 256), its kind (0 the general script, 1 the fast GCRA path),
+/// mode and cost, and the time override with its TTL slack.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn batch_item(
-    cmd: &mut redis::Cmd,
+    records: &mut Vec<u8>,
+    key: usize,
+    list: usize,
     mode: Mode,
     cost: u64,
     now_ns: Option<u64>,
     limits: &[u64],
     general: bool,
-    list: usize,
 ) {
-    let kind = u8::from(fast_args(mode, limits, general).is_some());
-    cmd.arg(kind).arg(mode as u8).arg(cost.min(MAX_COST));
-    match now_ns {
-        Some(ns) => cmd.arg(ns / 1000).arg(60_000u64),
-        None => cmd.arg("").arg(0u64),
-    };
-    cmd.arg(list);
+    let kind = u64::from(fast_args(mode, limits, general).is_some());
+    let timed = u64::from(now_ns.is_some());
+    batch_record(
+        records,
+        key,
+        list,
+        kind,
+        mode as u64,
+        timed,
+        cost.min(MAX_COST),
+    );
+    if let Some(ns) = now_ns {
+        for x in [ns / 1000, SLACK_MS] {
+            records.extend_from_slice(&(x as f64).to_le_bytes());
+        }
+    }
 }
 
-/// Appends a delete to a batch.
-pub(super) fn batch_delete(cmd: &mut redis::Cmd) {
-    cmd.arg(2u8).arg(0u8).arg(0u8).arg("").arg(0u8).arg(1u8);
+/// Appends a delete of the key at `key` to a batch's `records`.
+pub(super) fn batch_delete(records: &mut Vec<u8>, key: usize, list: usize) {
+    batch_record(records, key, list, 2, 0, 0, 0);
+}
+
+/// A request's first two doubles: its key, list, kind, mode and whether it is timed in
+/// one, then its cost. Every value is an integer below 2^53, exact as a double.
+fn batch_record(
+    records: &mut Vec<u8>,
+    key: usize,
+    list: usize,
+    kind: u64,
+    mode: u64,
+    timed: u64,
+    cost: u64,
+) {
+    debug_assert!(key > 0 && key < 256 && list > 0 && list < 256);
+    let what = key as u64 + 256 * (list as u64 + 256 * (kind + 4 * (mode + 8 * timed)));
+    records.extend_from_slice(&(what as f64).to_le_bytes());
+    records.extend_from_slice(&(cost as f64).to_le_bytes());
 }
 
 /// `(T, cap)` when the limit arguments describe one GCRA-based limit.

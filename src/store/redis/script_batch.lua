@@ -1,47 +1,38 @@
 -- tollgate: several requests of one connection in one call, decided in order (appended
--- to script.lua and script_gcra.lua, each wrapped in a function of (KEYS, ARGV, redis):
--- `general` and `gcra`).
+-- to script.lua, wrapped in a function of (KEYS, ARGV, redis): `general`).
 --
--- KEYS[i]  request i's key
--- ARGV     the number of lists of limits, then each list: its length, then the general
---          script's limit arguments (shadow, number of limits, per limit...); then per
---          request, in order: kind (0 the general script, 1 the fast GCRA script, 2
---          delete the key), mode, cost, now or '', TTL slack, and the index of its list
+-- KEYS     the batch's keys, each once
+-- ARGV[1]  the number of lists of limits, then each list: its length, then the general
+--          script's limit arguments (shadow, number of limits, per limit...)
+-- ARGV[p]  (the last) the requests in order, as little-endian doubles; per request:
+--            j + 256 * (list + 256 * (kind + 4 * (mode + 8 * timed)))
+--          (j its key's index in KEYS, list the index of its list; kind 0 the general
+--          script, 1 the fast GCRA path, 2 delete the key; mode as the scripts'; timed 1
+--          when the request brings its own time), its cost, and when timed its time (us)
+--          and TTL slack (ms)
 --
 -- Requests are decided one after the other, each exactly as its own call would be: a
 -- request sees every earlier one's write, the same key twice included. What makes a
 -- batch cheaper than its requests' own calls: Redis parses one command and enters Lua
--- once; TIME is read once, for every request without a time of its own; every key is
--- read with one MGET, then the requests read and write a table of the values, and each
--- key's last write (SET with its TTL, or DEL) goes to Redis at the end: one SET per key
--- of the batch, not per request. Time stands still inside a script, so the end state is
--- the one the separate calls would have left.
+-- once, and every argument it parses is a string it allocates and Lua interns, so the
+-- requests travel in one string and each key once; TIME is read once, for every request
+-- without a time of its own; every key is read with one MGET and written once at the end
+-- (PSETEX, or DEL), whatever the number of its requests. Time stands still
+-- inside a script, so the end state is the one the separate calls would have left.
 --
--- Reply: per request, the length of its own reply, then that reply.
+-- Kind 1 (a check or peek under one GCRA limit: the fast script's requests) is decided
+-- here, inline, as script_gcra.lua decides it: a key's state is decoded from its stored
+-- value, kept as numbers once such a request charges it, and encoded once, for its
+-- write. Anything else, and a kind 1 request on a state the fast script would hand to the
+-- general one ({3}: written under other limits, or not a state), goes to `general`, whose
+-- `redis` reads and writes the key's value here.
+--
+-- Reply: per request, either its fast reply, two values: code (0, 1, 2; never negative)
+-- and fill; or -1 - n, then the n values of the general script's reply (none for a
+-- delete).
 
 local t = redis.call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local value = {}
-local fetched = redis.call('MGET', unpack(KEYS))
-for i = 1, #KEYS do value[KEYS[i]] = fetched[i] end
--- Per key its last write: the value (false for a delete) and the PX; keys in first-write
--- order.
-local wv, wp, order = {}, {}, {}
--- What the scripts see as `redis`: GET, SET and DEL on the table; TIME, the only other
--- command they make (and only without a time given), goes to Redis.
-local shim = {
-  call = function(cmd, k, v, _, px)
-    if cmd == 'GET' then return value[k] end
-    if cmd == 'SET' or cmd == 'DEL' then
-      if wv[k] == nil then order[#order + 1] = k end
-      if cmd == 'DEL' then v = false end
-      value[k], wv[k], wp[k] = v, v, px
-      return true
-    end
-    return redis.call(cmd)
-  end,
-}
 
 local lists = {}
 local p = 2
@@ -50,42 +41,160 @@ for l = 1, tonumber(ARGV[1]) do
   lists[l] = { unpack(ARGV, p + 1, p + m) }
   p = p + 1 + m
 end
+-- The fast path's T and cap of each list, read when a request first needs them.
+local LT, LC = {}, {}
 
-local out, o = {}, 0
-for i = 1, #KEYS do
-  local kind = ARGV[p]
-  local key = { KEYS[i] }
-  local r
-  if kind == '2' then
-    shim.call('DEL', KEYS[i])
-    r = {}
-  else
-    local now = ARGV[p + 3]
-    if now == '' then now = clock end
-    local lim = lists[tonumber(ARGV[p + 5])]
-    if kind == '1' then
-      -- The fast script's arguments: mode, cost, T, cap, now, slack.
-      r = gcra(key, { ARGV[p + 1], ARGV[p + 2], lim[4], lim[6], now, ARGV[p + 4] }, shim)
-      -- {3}: a state written under other limits, which the general script converts.
-      if r[1] == 3 and r[2] == nil then r = nil end
-    end
-    if r == nil then
-      r = general(key, { ARGV[p + 1], ARGV[p + 2], now, ARGV[p + 4], unpack(lim) }, shim)
-    end
+local D = ARGV[p]
+local R = { struct.unpack('<' .. string.rep('d', #D / 8), D) }
+-- struct.unpack's last result is the position after the data.
+local nr = #R - 1
+
+-- Per key j: val[j] its value (false: none), or nil while its state is in A (write time),
+-- F (fill) and S (the list whose T and cap it was written under) after a fast charge;
+-- W[j] its pending write: the TTL slack for a state in A, F, S, the PX text for a value,
+-- false for a delete, nil for none.
+local val = redis.call('MGET', unpack(KEYS))
+local A, F, S, W = {}, {}, {}, {}
+
+-- Key j's state in A, F, S as the fast script stores it: the value and the PX text (TTLs
+-- repeat across a batch: each is formatted once).
+local PX = {}
+local function encode(j)
+  local f, l = F[j], S[j]
+  -- TTL: whole milliseconds rounded up (exact integer division), plus the slack.
+  local n = f + 999999
+  local ms = n / 1000000
+  ms = ms - ms % 1
+  if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+  ms = ms + W[j]
+  local px = PX[ms]
+  if not px then
+    px = string.format('%d', ms)
+    PX[ms] = px
   end
-  p = p + 6
-  o = o + 1
-  out[o] = #r
-  for j = 1, #r do out[o + j] = r[j] end
-  o = o + #r
+  return struct.pack('<dddd', A[j], LT[l], LC[l], f), px
 end
 
-for _, k in ipairs(order) do
-  local v = wv[k]
-  if v then
-    redis.call('SET', k, v, 'PX', wp[k])
-  else
-    redis.call('DEL', k)
+-- The key the general script is deciding; what it sees as `redis`: GET, SET and DEL on
+-- that key's value here; TIME, the only other command it makes (and only without a time
+-- given), goes to Redis.
+local cur
+local shim = {
+  call = function(cmd, _, v, _, ttl)
+    if cmd == 'GET' then return val[cur] end
+    if cmd == 'SET' then
+      val[cur], W[cur] = v, ttl
+      return true
+    end
+    if cmd == 'DEL' then
+      val[cur], W[cur] = false, false
+      return true
+    end
+    return redis.call(cmd)
+  end,
+}
+
+local out, o = {}, 0
+local q = 1
+while q < nr do
+  local w, cost = R[q], R[q + 1]
+  q = q + 2
+  local j = w % 256
+  w = (w - j) / 256
+  local l = w % 256
+  w = (w - l) / 256
+  local kind = w % 4
+  w = (w - kind) / 4
+  local mode = w % 8
+  local now, slack = clock, 0
+  if w >= 8 then
+    now, slack = R[q], R[q + 1]
+    q = q + 2
+  end
+  local fast = kind == 1
+  if fast then
+    local lt, lc = LT[l], LC[l]
+    if not lt then
+      local lim = lists[l]
+      lt, lc = tonumber(lim[4]), tonumber(lim[6])
+      LT[l], LC[l] = lt, lc
+    end
+    local v, at, f = val[j], nil, nil
+    if v == nil then
+      local s = S[j]
+      if s == l or (LT[s] == lt and LC[s] == lc) then at, f = A[j], F[j] else fast = false end
+    elseif v then
+      if #v == 32 then
+        local d, c
+        at, d, c, f = struct.unpack('<dddd', v)
+        -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
+        if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
+          or d ~= lt or c ~= lc then
+          fast = false
+        end
+      else
+        fast = false
+      end
+    end
+    if fast then
+      local fill = 0
+      if at then
+        if at <= now then
+          local back = (now - at) * 1000
+          if back < f then fill = f - back end
+        else
+          fill = f + (at - now) * 1000
+        end
+      end
+      local inc = cost * lt
+      local code = 0
+      -- A cost of zero is admitted at once and writes nothing.
+      if inc ~= 0 then
+        if inc > lc then
+          code = 2
+        else
+          local diff = fill + inc
+          if diff > lc then
+            code = 1
+          elseif mode == 0 then
+            if diff == 0 then
+              val[j], W[j] = false, false
+            else
+              val[j], A[j], F[j], S[j], W[j] = nil, now, diff, l, slack
+            end
+          end
+        end
+      end
+      out[o + 1], out[o + 2] = code, fill
+      o = o + 2
+    end
+  end
+  if kind == 2 then
+    val[j], W[j] = false, false
+    o = o + 1
+    out[o] = -1
+  elseif not fast then
+    if val[j] == nil then val[j], W[j] = encode(j) end
+    cur = j
+    local r = general({ KEYS[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
+    o = o + 1
+    out[o] = -1 - #r
+    for i = 1, #r do out[o + i] = r[i] end
+    o = o + #r
+  end
+end
+
+-- PSETEX rather than SET .. PX: one argument fewer for Redis to parse, the same effect.
+for j = 1, #KEYS do
+  local ttl = W[j]
+  if ttl ~= nil then
+    local v = val[j]
+    if v == nil then v, ttl = encode(j) end
+    if v then
+      redis.call('PSETEX', KEYS[j], ttl, v)
+    else
+      redis.call('DEL', KEYS[j])
+    end
   end
 end
 return out
