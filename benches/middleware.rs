@@ -170,6 +170,7 @@ enum Row {
     AllowedShadow,
     AllowedMetrics,
     AllowedHeaders,
+    #[cfg(feature = "tsc")]
     AllowedTscStore,
     Refused,
     HeadersFloor,

@@ -225,8 +225,10 @@ where
         Machine::Calling { future, extra }
     }
 
-    /// The state for a decided request: refused, called at once, or queued.
-    #[inline]
+    /// The state for a decided request: refused, called at once, or queued. Inlined into
+    /// `call`, so an admitted request moves once, into the inner call; the queue's state
+    /// is built out of line.
+    #[inline(always)]
     pub(crate) fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
     where
         S: Clone,
@@ -240,15 +242,26 @@ where
                 wait,
                 extra,
                 refund,
-            } => Machine::Slow {
-                slow: Box::pin(Slow::Waiting {
-                    sleep: tokio::time::sleep(wait),
-                    svc: take_ready(inner),
-                    req,
-                    extra,
-                    refund,
-                }),
-            },
+            } => Self::queued(wait, extra, refund, take_ready(inner), req),
+        }
+    }
+
+    #[inline(never)]
+    fn queued(
+        wait: Duration,
+        extra: Option<H>,
+        refund: Option<RefundGuard>,
+        svc: S,
+        req: Req,
+    ) -> Self {
+        Machine::Slow {
+            slow: Box::pin(Slow::Waiting {
+                sleep: tokio::time::sleep(wait),
+                svc,
+                req,
+                extra,
+                refund,
+            }),
         }
     }
 

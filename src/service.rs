@@ -20,7 +20,7 @@ use crate::{
     access::Access,
     cost::Cost,
     error::StoreError,
-    future::{take_ready, Finished, Machine, Next},
+    future::{take_ready, Finished, Machine},
     key::{KeyExtractor, RequestHead},
     layer::{DecisionEvent, Hook},
     limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
@@ -286,10 +286,6 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let machine = match self.limiter.begin(&mut req) {
-            // The common case spelled out, so the request moves once, into the inner call.
-            Begin::Now(Next::Proceed { wait, extra, .. }) if wait.is_zero() => {
-                Machine::calling(self.inner.call(req), extra)
-            }
             Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
             Begin::Later(check, then) => {
                 Machine::checking(check, then, take_ready(&mut self.inner), req)

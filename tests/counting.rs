@@ -362,6 +362,31 @@ async fn only_failed_logins_are_counted_per_user() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn failed_logins_are_counted_with_the_rate_limit_fields_off() {
+    let clock = ManualClock::at(Duration::from_secs(1_800_000_000));
+    let store = MemoryStore::new("5/15min".parse::<Policy>().unwrap()).with_clock(clock.clone());
+    let layer = failed_logins()
+        .ietf_headers(false)
+        .build_with(store)
+        .unwrap();
+    let (app, _) = login_app(layer);
+    for _ in 0..3 {
+        let ok = send(&app, login("erin", "correct horse")).await;
+        assert_eq!(ok.status, StatusCode::OK);
+        assert_eq!(ok.header("ratelimit"), None);
+    }
+    for i in 0..5 {
+        let failed = send(&app, login("erin", "guess")).await;
+        assert_eq!(failed.status, StatusCode::UNAUTHORIZED, "failure {i}");
+        assert_eq!(failed.header("ratelimit"), None);
+    }
+    assert_eq!(
+        send(&app, login("erin", "correct horse")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_failure_that_takes_the_last_unit_bans_for_the_ban_period() {
     let clock = ManualClock::at(Duration::from_secs(1_800_000_000));
     let store = MemoryStore::new("5/15min".parse::<Policy>().unwrap()).with_clock(clock.clone());

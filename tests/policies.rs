@@ -725,3 +725,50 @@ async fn a_queue_in_shadow_does_not_delay() {
         assert_eq!(start.elapsed().as_secs(), waited, "{policy}");
     }
 }
+
+#[tokio::test]
+async fn with_the_fields_off_an_admitted_response_carries_only_what_the_hook_adds() {
+    let clock = frozen();
+    let hooked = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .policy("2/min")
+        .ietf_headers(false)
+        .on_decision(|event, headers| {
+            headers.insert("x-plan", event.policy().unwrap_or("none").parse().unwrap());
+        })
+        .build_with(store_on(&clock))
+        .unwrap();
+    let plain = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .policy("2/min")
+        .ietf_headers(false)
+        .build_with(store_on(&clock))
+        .unwrap();
+    let app = Router::new()
+        .route("/hooked", get(|| async { "ok" }).layer(hooked))
+        .route("/plain", get(|| async { "ok" }).layer(plain));
+    let req = |path: &str| {
+        Request::get(path)
+            .header("x-api-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let mut seen = Vec::new();
+    for path in ["/hooked", "/hooked", "/hooked", "/plain", "/plain"] {
+        let r = send(&app, req(path)).await;
+        assert_eq!(r.header("ratelimit"), None, "{path}");
+        assert_eq!(r.header("ratelimit-policy"), None, "{path}");
+        seen.push((r.status.as_u16(), r.header("x-plan").map(str::to_owned)));
+    }
+    let none = || Some("none".to_owned());
+    assert_eq!(
+        seen,
+        [
+            (200, none()),
+            (200, none()),
+            (429, none()),
+            (200, None),
+            (200, None)
+        ]
+    );
+}

@@ -26,19 +26,37 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[test]
-fn equivalent_to_memory_store() {
-    let Some(target) = Target::get() else { return };
+/// What both property tests start from: a runtime, a connection to the test server, a
+/// runner of 100 cases, and start times around today's Unix time in µs, so window
+/// alignment sees realistic magnitudes.
+fn property_setup(
+    target: &Target,
+) -> (
+    tokio::runtime::Runtime,
+    RedisConnection,
+    TestRunner,
+    std::ops::Range<u64>,
+) {
     let rt = runtime();
     let conn = rt
         .block_on(RedisConnection::connect(&target.url()))
         .unwrap();
-    let mut runner = TestRunner::new(Config {
+    let runner = TestRunner::new(Config {
         cases: 100,
         ..Config::default()
     });
-    // Around today's Unix time in µs, so window alignment sees realistic magnitudes.
-    let start = 1_750_000_000_000_000u64..1_760_000_000_000_000u64;
+    (
+        rt,
+        conn,
+        runner,
+        1_750_000_000_000_000..1_760_000_000_000_000,
+    )
+}
+
+#[test]
+fn equivalent_to_memory_store() {
+    let Some(target) = Target::get() else { return };
+    let (rt, conn, mut runner, start) = property_setup(&target);
     runner
         .run(
             &(policies_strategy(), ops_strategy(), start),
@@ -54,15 +72,7 @@ fn equivalent_to_memory_store() {
 #[test]
 fn equivalent_to_memory_store_through_batches() {
     let Some(target) = Target::get() else { return };
-    let rt = runtime();
-    let conn = rt
-        .block_on(RedisConnection::connect(&target.url()))
-        .unwrap();
-    let mut runner = TestRunner::new(Config {
-        cases: 100,
-        ..Config::default()
-    });
-    let start = 1_750_000_000_000_000u64..1_760_000_000_000_000u64;
+    let (rt, conn, mut runner, start) = property_setup(&target);
     runner
         .run(
             &(policies_strategy(), ops_strategy(), start, 2usize..64),

@@ -97,7 +97,7 @@ impl tracing::Subscriber for ToCapturingThread {
     fn event(&self, event: &tracing::Event<'_>) {
         CAPTURING.with(|c| {
             if let Some(events) = c.borrow().as_ref() {
-                tracing::Subscriber::event(events, event);
+                events.record(event);
             }
         });
     }
@@ -148,23 +148,14 @@ impl tracing::field::Visit for Line {
     }
 }
 
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
+impl Events {
+    /// Records one event as a line: level, target, message and fields.
+    fn record(&self, event: &tracing::Event<'_>) {
         let meta = event.metadata();
         let mut line = Line(format!("{} {}:", meta.level(), meta.target()));
         event.record(&mut line);
         self.0.lock().unwrap().push(line.0);
     }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// A store whose every call fails at once (a custom store's backend being down), for a

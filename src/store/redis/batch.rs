@@ -270,17 +270,6 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
             order.push(key);
             order.len()
         });
-        let list = match &p.request.call {
-            Call::Script { limits, .. } => limits.as_slice(),
-            Call::Delete => &[],
-        };
-        let l = match lists.iter().position(|l| *l == list) {
-            Some(i) => i + 1,
-            None => {
-                lists.push(list);
-                lists.len()
-            }
-        };
         match &p.request.call {
             Call::Script {
                 mode,
@@ -288,8 +277,11 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
                 now_ns,
                 limits,
                 general,
-            } => script::batch_item(&mut records, k, l, *mode, *cost, *now_ns, limits, *general),
-            Call::Delete => script::batch_delete(&mut records, k, l),
+            } => {
+                let l = list_index(&mut lists, limits);
+                script::batch_item(&mut records, k, l, *mode, *cost, *now_ns, limits, *general)
+            }
+            Call::Delete => script::batch_delete(&mut records, k, list_index(&mut lists, &[])),
         }
     }
     let bytes: usize = order.iter().map(|k| k.len() + 4).sum();
@@ -313,6 +305,17 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
         .await
         .map_err(StoreError::backend)?;
     Ok(split(&flat, items.len()))
+}
+
+/// The 1-based index of `list` among a batch's lists of limits, added if new.
+fn list_index<'a>(lists: &mut Vec<&'a [u64]>, list: &'a [u64]) -> usize {
+    match lists.iter().position(|l| *l == list) {
+        Some(i) => i + 1,
+        None => {
+            lists.push(list);
+            lists.len()
+        }
+    }
 }
 
 /// Splits the batch script's flat reply into one reply per request: a fast reply is two
