@@ -30,8 +30,8 @@ use crate::{
     observe::outage,
     quota::Quota,
     response::{
-        grpc, own_answer, problem_body, quota_refusal, retry_after_secs, sf_string, RateLimitBody,
-        QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
+        grpc, own_answer, problem_body, quota_refusal, rate_limit_item, retry_after_secs,
+        sf_string, RateLimitBody, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
     },
     store::StoreFuture,
 };
@@ -92,14 +92,11 @@ impl<X, St> Shared<X, St> {
     /// fields, beside those of other layers.
     fn apply(&self, headers: &mut HeaderMap, share: &Share, d: &FairDecision) {
         headers.append(&RATELIMIT_POLICY, self.policy_value(share));
-        let mut v = self.prefix.clone();
-        v.extend_from_slice(itoa::Buffer::new().format(d.remaining).as_bytes());
-        v.extend_from_slice(b";t=");
         let reset = retry_after_secs(Duration::from_nanos(d.reset_after));
-        v.extend_from_slice(itoa::Buffer::new().format(reset).as_bytes());
-        if let Ok(v) = HeaderValue::from_bytes(&v) {
-            headers.append(&RATELIMIT, v);
-        }
+        headers.append(
+            &RATELIMIT,
+            rate_limit_item(&self.prefix, d.remaining, reset),
+        );
     }
 
     fn refusal(&self, share: &Share, d: &FairDecision, is_grpc: bool) -> Response<Bytes> {
@@ -419,16 +416,17 @@ impl<X, St> Decide for Deciding<X, St> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Fields<X, St>, Box<Response<Bytes>>>> {
         let result = ready!(Pin::new(&mut self.deciding).poll(cx));
-        Poll::Ready(settle(&self.shared, self.share, result, self.is_grpc))
+        Poll::Ready(settle(&self.shared, self.share, result, || self.is_grpc))
     }
 }
 
-/// What a decision (or a store failure) means for the request.
+/// What a decision (or a store failure) means for the request. `grpc` says, when asked,
+/// whether the request is a gRPC call (read only for an answer of the layer's own).
 fn settle<X, St>(
     shared: &Arc<Shared<X, St>>,
     share: Share,
     result: Result<FairDecision, StoreError>,
-    is_grpc: bool,
+    grpc: impl FnOnce() -> bool,
 ) -> Result<Fields<X, St>, Box<Response<Bytes>>> {
     match result {
         Ok(d) if d.admitted => {
@@ -441,9 +439,9 @@ fn settle<X, St>(
         }
         Ok(d) => {
             shared.count(false);
-            Err(Box::new(shared.refusal(&share, &d, is_grpc)))
+            Err(Box::new(shared.refusal(&share, &d, grpc())))
         }
-        Err(e) => failed(shared, &e, is_grpc),
+        Err(e) => failed(shared, &e, grpc),
     }
 }
 
@@ -451,12 +449,12 @@ fn settle<X, St>(
 fn failed<X, St>(
     shared: &Shared<X, St>,
     e: &StoreError,
-    is_grpc: bool,
+    grpc: impl FnOnce() -> bool,
 ) -> Result<Fields<X, St>, Box<Response<Bytes>>> {
     outage!(shared.failures, "tollgate", limiter = %shared.label, error = %e, "fair-share store failed");
     match shared.on_error {
         OnStoreError::FailClosed => Err(Box::new(own_answer(
-            is_grpc,
+            grpc(),
             StatusCode::SERVICE_UNAVAILABLE,
             "The fair-share limiter's store is unavailable.",
         ))),
@@ -547,10 +545,9 @@ where
             }
         }
         let share = shared.share(&RequestHead::of(&req));
-        let is_grpc = grpc::is_grpc(req.headers());
         let mut deciding = shared.store.decide(key.as_ref(), &shared.pool, &share);
         let inner = match deciding.take_ready() {
-            Some(result) => match settle(shared, share, result, is_grpc) {
+            Some(result) => match settle(shared, share, result, || grpc::is_grpc(req.headers())) {
                 Ok(fields) => GateFuture::calling(self.inner.call(req), fields),
                 Err(response) => GateFuture::answered(*response),
             },
@@ -559,7 +556,7 @@ where
                     deciding,
                     shared: Arc::clone(shared),
                     share,
-                    is_grpc,
+                    is_grpc: grpc::is_grpc(req.headers()),
                 };
                 GateFuture::deciding(decide, take_ready(&mut self.inner), req)
             }

@@ -211,6 +211,14 @@ impl Extra {
     }
 }
 
+/// A `RateLimit` field value of one item (see [`StackBuf::push_item`]), formatted on the
+/// stack and copied once into the value.
+pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> HeaderValue {
+    let mut buf = StackBuf::default();
+    buf.push_item(prefix, remaining, secs);
+    value_or_empty(buf.as_bytes())
+}
+
 /// A header value from formatted bytes whose clones share one allocation.
 pub(crate) fn shared_value(bytes: Vec<u8>) -> HeaderValue {
     let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
@@ -277,6 +285,16 @@ impl StackBuf {
             self.heap.extend_from_slice(&self.stack[..self.len]);
         }
         self.heap.extend_from_slice(bytes);
+    }
+
+    /// One `RateLimit` item: its prefix (`"name";r=`), the units left, `;t=` and the
+    /// seconds until the next unit.
+    #[inline]
+    fn push_item(&mut self, prefix: &[u8], remaining: u64, secs: u64) {
+        self.push(prefix);
+        self.push(itoa::Buffer::new().format(remaining).as_bytes());
+        self.push(b";t=");
+        self.push(itoa::Buffer::new().format(secs).as_bytes());
     }
 
     #[inline]
@@ -416,13 +434,10 @@ impl Fields {
                 buf.push(b", ");
             }
             first = false;
-            buf.push(&self.prefixes[i.min(self.prefixes.len() - 1)]);
-            buf.push(itoa::Buffer::new().format(l.remaining()).as_bytes());
-            buf.push(b";t=");
-            buf.push(
-                itoa::Buffer::new()
-                    .format(retry_after_secs(l.next_after()))
-                    .as_bytes(),
+            buf.push_item(
+                &self.prefixes[i.min(self.prefixes.len() - 1)],
+                l.remaining(),
+                retry_after_secs(l.next_after()),
             );
         }
         value_or_empty(buf.as_bytes())
