@@ -1,8 +1,9 @@
 #![allow(unsafe_code)] // a counting global allocator: `GlobalAlloc` is an unsafe trait
 //! The in-memory path allocates no boxed future: counted with a global allocator, a request
 //! through the layer makes no more allocations than the same request without it (IETF
-//! headers off), and exactly one more with the `RateLimit` field (its formatted value). A
-//! refusal allocates no more than an admission plus its response.
+//! headers off), and exactly one more with the `RateLimit` field (its formatted value); so
+//! do the in-flight and fair layers. A refusal allocates no more than an admission plus
+//! its response.
 
 use std::{
     alloc::{GlobalAlloc, Layout, System},
@@ -14,7 +15,11 @@ use std::{
 
 use http::{Request, Response};
 use http_body_util::Full;
-use tollgate::{key::Global, Quota, RateLimitLayer};
+use tollgate::{
+    fair::{FairLimitLayer, Share},
+    key::Global,
+    InFlightLimitLayer, Quota, RateLimitLayer,
+};
 use tower::{Service, ServiceBuilder};
 
 struct Counting;
@@ -102,6 +107,40 @@ fn memory_path_allocates_no_boxed_future() {
         with_headers,
         base + 1,
         "{with_headers} allocations vs {base} bare"
+    );
+
+    // The in-flight and fair layers' futures are not boxed either: an admitted request
+    // allocates its RateLimit value and nothing else (the policy value is shared); an
+    // in-flight limit of up to 256 slots has every value formatted in advance.
+    let in_flight_layer = |max| {
+        ServiceBuilder::new()
+            .layer(InFlightLimitLayer::new(Global::new(), max))
+            .service_fn(handler)
+    };
+    let (mut in_flight, mut preset) = (in_flight_layer(1_000), in_flight_layer(100));
+    let big = Quota::per_second(1_000_000).unwrap();
+    let mut fair = ServiceBuilder::new()
+        .layer(
+            FairLimitLayer::builder(Global::new(), big)
+                .share(Share::new(big, big).unwrap())
+                .build()
+                .unwrap(),
+        )
+        .service_fn(handler);
+    for _ in 0..3 {
+        allocations(&mut in_flight);
+        allocations(&mut preset);
+        allocations(&mut fair);
+    }
+    let (in_flight, preset, fair) = (
+        allocations(&mut in_flight),
+        allocations(&mut preset),
+        allocations(&mut fair),
+    );
+    assert_eq!(
+        (in_flight, preset, fair),
+        (base + 1, base, base + 1),
+        "in-flight {in_flight}, preset {preset}, fair {fair} vs {base} bare"
     );
 
     // A refusal: no inner call, one response built by the middleware.

@@ -9,8 +9,8 @@ use http::{HeaderMap, HeaderValue, Response};
 use crate::{
     error::ConfigError,
     response::{
-        problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED, RATELIMIT,
-        RATELIMIT_POLICY,
+        prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
+        RATELIMIT, RATELIMIT_POLICY,
     },
 };
 
@@ -113,11 +113,7 @@ impl Answers {
     fn remaining_value(&self, r: u32) -> HeaderValue {
         match self.remaining.get(r as usize) {
             Some(v) => v.clone(),
-            None => {
-                let mut v = self.prefix.clone();
-                v.extend_from_slice(itoa::Buffer::new().format(r).as_bytes());
-                HeaderValue::from_bytes(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
-            }
+            None => prefixed_value(&self.prefix, u64::from(r)),
         }
     }
 

@@ -219,6 +219,15 @@ pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> Heade
     value_or_empty(buf.as_bytes())
 }
 
+/// `prefix` followed by `n` (an item with one parameter, `"name";r=N`), formatted on the
+/// stack and copied once into the value.
+pub(crate) fn prefixed_value(prefix: &[u8], n: u64) -> HeaderValue {
+    let mut buf = StackBuf::default();
+    buf.push(prefix);
+    buf.push(itoa::Buffer::new().format(n).as_bytes());
+    value_or_empty(buf.as_bytes())
+}
+
 /// A header value from formatted bytes whose clones share one allocation.
 pub(crate) fn shared_value(bytes: Vec<u8>) -> HeaderValue {
     let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))

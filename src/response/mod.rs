@@ -59,9 +59,9 @@ mod head;
 
 pub use body::RateLimitBody;
 pub(crate) use format::{
-    own_answer, plain, problem_body, quota_refusal, rate_limit_item, sf_string, shared_value,
-    Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule, QUOTA_EXCEEDED, RATELIMIT,
-    RATELIMIT_POLICY,
+    own_answer, plain, prefixed_value, problem_body, quota_refusal, rate_limit_item, sf_string,
+    shared_value, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule, QUOTA_EXCEEDED,
+    RATELIMIT, RATELIMIT_POLICY,
 };
 pub use format::{refusal, retry_after_secs, Rejection};
 pub use head::ResponseHead;
