@@ -171,24 +171,29 @@ fn single(mode: Mode, keys: u32) -> (Batch, Batch) {
     (tollgate_single(mode, keys), governor_single(mode, keys))
 }
 
-/// One key admitted, tollgate on the opt-in TSC clock (feature `tsc`, governor's clock
-/// source) instead of its default tokio clock.
+/// Admitted requests over `keys` keys, tollgate on the opt-in TSC clock (feature `tsc`,
+/// governor's clock source) instead of its default tokio clock.
 #[cfg(feature = "tsc")]
-fn single_tsc() -> (Batch, Batch) {
+fn single_tsc(keys: u32) -> (Batch, Batch) {
     let quota = Quota::per_second(100_000_000)
         .unwrap()
         .with_burst(1 << 36)
         .unwrap();
     let store = MemoryStore::<u32, _>::new(Limit::token_bucket(quota).unwrap())
+        .with_max_bytes(64 << 20)
+        .unwrap()
         .with_clock(tollgate::clock::TscClock::new());
-    assert!(store.check(&0, 1 << 33).is_allowed());
+    for k in 0..keys {
+        assert!(store.check(&k, 1 << 33).is_allowed());
+    }
+    assert_eq!(store.len(), keys as usize, "a pre-inserted key was swept");
     let mut k = 0;
     let ours: Batch = Box::new(move |n| {
-        run(n, 1, &mut k, |k| {
+        run(n, keys, &mut k, |k| {
             black_box(store.check(k, 1));
         })
     });
-    (ours, governor_single(Mode::Allow, 1))
+    (ours, governor_single(Mode::Allow, keys))
 }
 
 /// Two threads of `n` requests each, started together; the mean of their CPU times.
@@ -336,7 +341,10 @@ fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
         ("hash/ipv4", hashes),
     ];
     #[cfg(feature = "tsc")]
-    peers.push(("check/1key/allow/tsc", single_tsc));
+    peers.extend([
+        ("check/1key/allow/tsc", (|| single_tsc(1)) as MakeCase),
+        ("check/1M/allow/tsc", || single_tsc(KEYS)),
+    ]);
     let refusals: [(&'static str, MakeCase); 4] = [
         ("refusal/tollgate/1key", || refusal(false, 1)),
         ("refusal/tollgate/1M", || refusal(false, KEYS)),
