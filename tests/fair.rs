@@ -346,10 +346,13 @@ mod redis_support;
 mod on_redis {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use tollgate::{fair::RedisFair, store::RedisConnection};
+    use tollgate::{
+        fair::RedisFair,
+        store::{BreakerState, RedisConnection},
+    };
 
     use super::*;
-    use crate::redis_support::Target;
+    use crate::redis_support::{RedisServer, Target};
 
     fn namespace() -> String {
         static N: AtomicU32 = AtomicU32::new(0);
@@ -395,6 +398,73 @@ mod on_redis {
             let rates: Vec<f64> = (0..keys.len()).map(|i| on_redis.rate(i)).collect();
             eprintln!("redis, {} keys: {rates:.2?}", keys.len());
         }
+    }
+
+    /// A stalled Redis opens the breaker after its failures: the requests after it get the
+    /// failure policy's answer without a call (none reaches Redis when it resumes), and
+    /// once the cooldown has passed on the store's clock a probe closes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_redis_opens_the_breaker_and_a_probe_closes_it() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let calls = || {
+            // Calls sent while Redis was stopped are run when it resumes: wait until the
+            // count stops moving.
+            let count = || server.calls("evalsha") + server.calls("eval");
+            let mut last = count();
+            loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = count();
+                if now == last {
+                    return now;
+                }
+                last = now;
+            }
+        };
+        let c = clock();
+        let store = RedisFair::builder()
+            .namespace(namespace())
+            .deadline(Duration::from_millis(100))
+            .breaker(2, Duration::from_secs(1))
+            .clock(c.clone())
+            .build(RedisConnection::connect(&server.url()).await.unwrap())
+            .unwrap();
+        let svc = service(layer(store.clone(), share(4, 16), share(4, 16)));
+        assert_eq!(
+            svc.clone().oneshot(request("x")).await.unwrap().status(),
+            200
+        );
+        let before = calls();
+        server.stop();
+        for _ in 0..2 {
+            // Fails open (the default): admitted, after the deadline.
+            assert_eq!(
+                svc.clone().oneshot(request("x")).await.unwrap().status(),
+                200
+            );
+        }
+        assert_eq!(store.breaker_state(), BreakerState::Open);
+        for _ in 0..5 {
+            assert_eq!(
+                svc.clone().oneshot(request("x")).await.unwrap().status(),
+                200
+            );
+        }
+        server.cont();
+        let after = calls();
+        assert!(
+            after <= before + 2,
+            "{} calls reached Redis after the breaker opened",
+            after - before
+        );
+        c.advance(Duration::from_secs(1));
+        assert_eq!(store.breaker_state(), BreakerState::HalfOpen);
+        assert_eq!(
+            svc.clone().oneshot(request("x")).await.unwrap().status(),
+            200
+        );
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
     }
 
     /// Two instances (two stores, two layers) on one Redis share one pool.

@@ -555,7 +555,12 @@ mod redis_support;
 mod on_redis {
     use std::sync::atomic::AtomicU32;
 
-    use tollgate::{inflight::RedisInFlight, limiter::OnStoreError, store::RedisConnection};
+    use tollgate::{
+        error::StoreError,
+        inflight::RedisInFlight,
+        limiter::OnStoreError,
+        store::{BreakerState, RedisConnection},
+    };
 
     use super::*;
     use crate::redis_support::{RedisServer, Target};
@@ -735,6 +740,63 @@ mod on_redis {
         drop(holder);
         let r = waiting.await.unwrap().unwrap();
         assert_eq!(r.status(), StatusCode::OK);
+    }
+
+    /// Script calls Redis has run, once the count has stopped moving (calls sent while it
+    /// was stopped are run when it resumes).
+    fn settled_calls(server: &RedisServer) -> u64 {
+        let count = || server.calls("evalsha") + server.calls("eval");
+        let mut last = count();
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = count();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// A stalled Redis opens the breaker after its failures: the requests after it get the
+    /// failure policy's answer without a call (none reaches Redis when it resumes, and no
+    /// lease is given back for them), and once the cooldown has passed a probe closes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_redis_opens_the_breaker_and_a_probe_closes_it() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let store = RedisInFlight::builder()
+            .namespace(namespace())
+            .deadline(Duration::from_millis(100))
+            .breaker(2, Duration::from_secs(1))
+            .build(RedisConnection::connect(&server.url()).await.unwrap())
+            .unwrap();
+        assert_eq!(store.in_flight("k").await.unwrap(), 0);
+        let before = settled_calls(&server);
+        server.stop();
+        for _ in 0..2 {
+            let e = store.in_flight("k").await.unwrap_err();
+            assert!(matches!(e, StoreError::Timeout(_)), "{e:?}");
+        }
+        assert_eq!(store.breaker_state(), BreakerState::Open);
+        let svc = service(layer(store.clone(), 1));
+        for _ in 0..5 {
+            let r = svc.clone().oneshot(keyed("k")).await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "fails open");
+            drop(r);
+        }
+        let e = store.in_flight("k").await.unwrap_err();
+        assert!(matches!(e, StoreError::CircuitOpen), "{e:?}");
+        server.cont();
+        let after = settled_calls(&server);
+        assert!(
+            after <= before + 2,
+            "{} calls reached Redis after the breaker opened",
+            after - before
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(store.in_flight("k").await.unwrap(), 0, "the probe");
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

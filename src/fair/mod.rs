@@ -91,7 +91,11 @@
 //! [`MemoryFair`] (the default) holds the pool and the keys' states in this process;
 //! `RedisFair` (feature `redis`) shares them across instances, deciding the pool and
 //! the key in one Lua script call, atomically on the Redis server's clock, with the same
-//! arithmetic as the memory store (the tests compare them decision by decision).
+//! arithmetic as the memory store (the tests compare them decision by decision). Each
+//! call has a deadline (default 20 ms), and after 3 failed or late calls in a row a
+//! circuit breaker stops calling Redis for 500 ms (`RedisFairBuilder::breaker`), so that
+//! during an outage requests get the layer's `OnStoreError` answer at once; one probe
+//! call then closes it again if Redis answers.
 //!
 //! In a Redis Cluster a pool's key and its keys' states carry one hash tag (the pool's
 //! label), so they live on one shard: a script may only touch keys of one slot, and the

@@ -13,9 +13,12 @@ use super::{
     store::{sealed::Backend, FairStore},
 };
 use crate::{
-    clock::Clock,
+    clock::{Clock, TokioClock},
     error::{ConfigError, StoreError},
-    store::{redis::keys, KeyBytes, RedisConnection, StoreFuture},
+    store::{
+        redis::{keys, Breaker, BreakerState},
+        KeyBytes, RedisConnection, StoreFuture,
+    },
 };
 
 static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis.lua")));
@@ -29,6 +32,7 @@ const OVERRIDE_SLACK_MS: u64 = 3_600_000;
 pub struct RedisFairBuilder {
     namespace: String,
     deadline: Duration,
+    breaker: (u32, Duration),
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -37,6 +41,7 @@ impl fmt::Debug for RedisFairBuilder {
         f.debug_struct("RedisFairBuilder")
             .field("namespace", &self.namespace)
             .field("deadline", &self.deadline)
+            .field("breaker", &self.breaker)
             .field("clock_override", &self.clock.is_some())
             .finish()
     }
@@ -57,6 +62,16 @@ impl RedisFairBuilder {
         self
     }
 
+    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+    /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
+    /// meanwhile requests get the layer's `OnStoreError` answer at once instead of each
+    /// waiting out the deadline. Then one probe call goes through and closes it again on
+    /// success.
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker = (failures, cooldown);
+        self
+    }
+
     /// Decides on `clock` instead of the Redis server's `TIME`: for tests and simulations
     /// under a [`ManualClock`](crate::clock::ManualClock), where every instance must share
     /// the clock (state gets an hour of extra TTL, since Redis expires keys in real time).
@@ -70,11 +85,17 @@ impl RedisFairBuilder {
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisFair, ConfigError> {
         keys::check_namespace(&self.namespace)?;
         keys::check_deadline(self.deadline)?;
+        // The breaker's cooldown runs on the store's clock, so tests drive it too.
+        let breaker_clock: Arc<dyn Clock> = match &self.clock {
+            Some(c) => Arc::clone(c),
+            None => Arc::new(TokioClock::new()),
+        };
         Ok(RedisFair {
             inner: Arc::new(Inner {
                 conn: connection.into(),
                 prefix: format!("{}:fair:v1:{{", self.namespace),
                 deadline: self.deadline,
+                breaker: Breaker::new(self.breaker.0, self.breaker.1, breaker_clock),
                 clock: self.clock,
             }),
         })
@@ -95,6 +116,7 @@ struct Inner {
     /// the key's hash (the key's).
     prefix: String,
     deadline: Duration,
+    breaker: Breaker,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -103,18 +125,26 @@ impl fmt::Debug for RedisFair {
         f.debug_struct("RedisFair")
             .field("prefix", &self.inner.prefix)
             .field("deadline", &self.inner.deadline)
+            .field("breaker", &self.inner.breaker.state())
             .finish_non_exhaustive()
     }
 }
 
 impl RedisFair {
-    /// A builder: namespace, deadline, clock.
+    /// A builder: namespace `tollgate`, deadline 20 ms, breaker open after 3 failures
+    /// for 500 ms, the server's clock.
     pub fn builder() -> RedisFairBuilder {
         RedisFairBuilder {
             namespace: "tollgate".into(),
             deadline: Duration::from_millis(20),
+            breaker: (3, Duration::from_millis(500)),
             clock: None,
         }
+    }
+
+    /// The circuit breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
     }
 
     /// A store with the default namespace (`tollgate`) and deadline (20 ms).
@@ -164,11 +194,14 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
             let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             let script: &'static Script = &DECIDE;
             let keys: [&[u8]; 2] = [&pool_key, &key_key];
-            let call = inner.conn.eval_script(script, &keys, &args);
-            let reply = match tokio::time::timeout(inner.deadline, call).await {
-                Ok(r) => r?,
-                Err(_) => return Err(StoreError::Timeout(inner.deadline)),
-            };
+            let reply = inner
+                .breaker
+                .call(
+                    inner.deadline,
+                    || inner.conn.eval_script(script, &keys, &args),
+                    |_| {},
+                )
+                .await?;
             match reply[..] {
                 [admitted, retry, remaining, reset]
                     if retry >= 0 && remaining >= 0 && reset >= 0 =>

@@ -115,6 +115,8 @@
 //! let store = RedisInFlight::builder()
 //!     .namespace("myapp")
 //!     .lease_ttl(Duration::from_secs(30))
+//!     .deadline(Duration::from_millis(20))
+//!     .breaker(3, Duration::from_millis(500)) // the defaults, spelled out
 //!     .build(RedisConnection::connect("redis://127.0.0.1:6379").await?)?;
 //! let limit = InFlightLimitLayer::builder(PeerIp::new(), 2).build_with(store)?;
 //! # let _: axum::Router = axum::Router::new().layer(limit);
@@ -124,10 +126,15 @@
 //! Every Redis call has a deadline (default 20 ms); a call that fails or misses it
 //! follows the layer's [`OnStoreError`](crate::limiter::OnStoreError): by default the
 //! request goes through without a slot (fail open), or it is answered `503` (fail
-//! closed). A queued request on Redis retries the script with a short growing backoff
-//! (10 ms, doubling up to 100 ms) until it is admitted or its `max_wait` has passed, so
-//! waiters of different instances are not served strictly in order; the queue length
-//! bounds the waiters of each key on each instance.
+//! closed). After 3 such failures in a row (`RedisInFlightBuilder::breaker`) a circuit
+//! breaker stops calling Redis for 500 ms, so that during an outage requests get that
+//! answer at once rather than each after the deadline; then one probe call closes it
+//! again if Redis answers. Leases are given back whatever the breaker's state.
+//!
+//! A queued request on Redis retries the script with a short growing backoff (10 ms,
+//! doubling up to 100 ms) until it is admitted or its `max_wait` has passed, so waiters
+//! of different instances are not served strictly in order; the queue length bounds the
+//! waiters of each key on each instance.
 //!
 //! # Deployment caveats
 //!

@@ -19,10 +19,14 @@ use super::store::{
     sealed::Backend, Acquiring, Attempt, InFlightStore, Limits, Outcome, Permit, Release,
 };
 use crate::{
+    clock::TokioClock,
     error::{ConfigError, StoreError},
     limiter::OncePerSecond,
     observe::outage,
-    store::{redis::keys, KeyBytes, RedisConnection},
+    store::{
+        redis::{keys, Breaker, BreakerState},
+        KeyBytes, RedisConnection,
+    },
 };
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
@@ -95,6 +99,7 @@ pub struct RedisInFlightBuilder {
     namespace: String,
     ttl: Duration,
     deadline: Duration,
+    breaker: (u32, Duration),
 }
 
 impl RedisInFlightBuilder {
@@ -120,6 +125,16 @@ impl RedisInFlightBuilder {
         self
     }
 
+    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+    /// (default 3) and stays open for `cooldown` (default 500 ms): meanwhile requests get
+    /// the layer's `OnStoreError` answer at once instead of each waiting out the
+    /// deadline. Then one probe call goes through and closes it again on success.
+    /// Leases are given back whatever its state.
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.breaker = (failures, cooldown);
+        self
+    }
+
     /// Builds the store on `connection`. Refuses a bad namespace, a lease TTL under 30 ms
     /// or over a year, and a zero deadline.
     pub fn build(
@@ -142,6 +157,7 @@ impl RedisInFlightBuilder {
                 ttl_ms: itoa::Buffer::new().format(ttl_ms).as_bytes().into(),
                 period: Duration::from_millis(ttl_ms / 3),
                 deadline: self.deadline,
+                breaker: Breaker::new(self.breaker.0, self.breaker.1, Arc::new(TokioClock::new())),
                 instance: format!("{:016x}", random_u64()),
                 counter: AtomicU64::new(0),
                 held: Mutex::new(Held::default()),
@@ -168,6 +184,7 @@ impl fmt::Debug for RedisInFlight {
             .field("prefix", &String::from_utf8_lossy(&l.prefix))
             .field("lease_ttl", &String::from_utf8_lossy(&l.ttl_ms))
             .field("deadline", &l.deadline)
+            .field("breaker", &l.breaker.state())
             .field("instance", &l.instance)
             .field("held", &lock(&l.held).live)
             .finish()
@@ -175,12 +192,14 @@ impl fmt::Debug for RedisInFlight {
 }
 
 impl RedisInFlight {
-    /// Starts a builder: namespace `tollgate`, lease TTL 30 s, deadline 20 ms.
+    /// Starts a builder: namespace `tollgate`, lease TTL 30 s, deadline 20 ms, breaker
+    /// open after 3 failures for 500 ms.
     pub fn builder() -> RedisInFlightBuilder {
         RedisInFlightBuilder {
             namespace: "tollgate".into(),
             ttl: Duration::from_secs(30),
             deadline: Duration::from_millis(20),
+            breaker: (3, Duration::from_millis(500)),
         }
     }
 
@@ -206,6 +225,11 @@ impl RedisInFlight {
     pub fn held(&self) -> usize {
         lock(&self.leases.held).live
     }
+
+    /// The circuit breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.leases.breaker.state()
+    }
 }
 
 impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisInFlight {
@@ -228,6 +252,8 @@ struct Leases {
     /// Between two renewals.
     period: Duration,
     deadline: Duration,
+    /// Gates every call but the giving back of leases.
+    breaker: Breaker,
     /// This store's part of every lease id.
     instance: String,
     counter: AtomicU64,
@@ -271,7 +297,7 @@ fn random_u64() -> u64 {
 }
 
 impl Leases {
-    /// One script call under the deadline.
+    /// One script call under the breaker and the deadline.
     async fn call(
         &self,
         script: &'static LazyLock<Script>,
@@ -279,13 +305,15 @@ impl Leases {
         args: &[&[u8]],
     ) -> Result<Vec<i64>, StoreError> {
         let script: &'static Script = script;
-        let result =
-            match tokio::time::timeout(self.deadline, self.conn.eval_script(script, &[key], args))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Timeout(self.deadline)),
-            };
+        let keys = [key];
+        let result = self
+            .breaker
+            .call(
+                self.deadline,
+                || self.conn.eval_script(script, &keys, args),
+                |_| {},
+            )
+            .await;
         if let Err(e) = &result {
             self.log_failure(e);
         }
@@ -355,9 +383,11 @@ impl Leases {
         let max_arg = itoa::Buffer::new().format(max).as_bytes().to_vec();
         let reply = self
             .call(&ACQUIRE, key, &[&max_arg, &self.ttl_ms, &id])
-            .await?;
-        unsure.armed = false;
+            .await;
+        // A call the open breaker refused never reached Redis: no lease to remove.
+        unsure.armed = matches!(&reply, Err(e) if !matches!(e, StoreError::CircuitOpen));
         drop(unsure);
+        let reply = reply?;
         match reply.as_slice() {
             [1, held] => {
                 let remaining = u32::try_from(i64::from(max) - held).unwrap_or(0);

@@ -169,6 +169,14 @@ impl Pending {
 }
 
 impl ResponseHeaders {
+    /// How many fields [`ResponseHeaders::apply`] adds at most.
+    fn len(&self) -> usize {
+        usize::from(self.policy.is_some())
+            + usize::from(self.rate_limit.is_some())
+            + self.legacy.as_ref().map_or(0, |l| l.len())
+            + self.extra.as_ref().map_or(0, |e| e.headers.len())
+    }
+
     /// Adds the fields to a response. The IETF fields are lists: a layer adds its items
     /// beside those of other tollgate layers (an inner layer's refusal keeps its own).
     /// The legacy trio holds one limit: the one with the fewest units left wins.
@@ -495,27 +503,11 @@ impl Fields {
 
     /// The refusal for a denied or exceeding decision.
     pub(crate) fn refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
-        let mut response = match &a.rejection {
-            Some(f) => f(d),
-            None => {
-                let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
-                let body = if !a.problem {
-                    Bytes::new()
-                } else if matches!(d.outcome(), Outcome::Exceeds) {
-                    self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone()
-                } else {
-                    self.bodies[mask.min(self.bodies.len() - 1)].clone()
-                };
-                let mut r = Response::new(body);
-                *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                // Room for every header of a refusal, allocated once.
-                r.headers_mut().reserve(8);
-                if a.problem {
-                    r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-                }
-                r
-            }
+        let Some(rejection) = &a.rejection else {
+            return self.standard_refusal(a, d, shadow);
         };
+        // The user's response, completed: their fields are kept unless ours say more.
+        let mut response = rejection(d);
         let headers = response.headers_mut();
         if !headers.contains_key(CACHE_CONTROL) {
             headers.insert(CACHE_CONTROL, NO_STORE);
@@ -534,6 +526,36 @@ impl Fields {
             self.headers(a, d, shadow).apply(headers);
         }
         response
+    }
+
+    /// The refusal without a rejection closure: a fresh response, so every field is
+    /// inserted without looking for one already there, into a map sized for them.
+    fn standard_refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
+        let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
+        let body = if !a.problem {
+            Bytes::new()
+        } else if matches!(d.outcome(), Outcome::Exceeds) {
+            self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone()
+        } else {
+            self.bodies[mask.min(self.bodies.len() - 1)].clone()
+        };
+        let wait = d.retry_after();
+        let fields = self.headers(a, d, shadow);
+        let mut r = Response::new(body);
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let h = r.headers_mut();
+        // One allocation of the exact size: a map of up to six fields stays below the
+        // allocator's small-size caches' limit, which a larger one would miss.
+        h.reserve(1 + usize::from(a.problem) + usize::from(wait.is_some()) + fields.len());
+        if a.problem {
+            h.insert(CONTENT_TYPE, PROBLEM_JSON);
+        }
+        h.insert(CACHE_CONTROL, NO_STORE);
+        if let Some(wait) = wait {
+            h.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
+        }
+        fields.apply(h);
+        r
     }
 
     /// The refusal of a gRPC request: `RESOURCE_EXHAUSTED` with the exact retry delay in
@@ -566,13 +588,15 @@ pub(crate) fn quota_refusal(
         None => {
             let mut r = Response::new(body);
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            // Room for these fields and the two the layer adds next (`RateLimit-Policy`,
+            // `RateLimit`): six at most, the largest map of the smallest allocation.
+            r.headers_mut().reserve(5);
             r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
             r
         }
     };
     let h = r.headers_mut();
-    // Room for the fields the layer adds next.
-    h.reserve(6);
+    h.reserve(4);
     h.insert(CACHE_CONTROL, NO_STORE);
     if let Some(wait) = wait {
         h.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));

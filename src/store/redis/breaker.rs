@@ -1,6 +1,8 @@
-//! The circuit breaker in front of the Redis store.
+//! The circuit breaker in front of every Redis-backed store (the rate-limit, in-flight
+//! and fair-share stores).
 
 use std::{
+    future::Future,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
@@ -8,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use crate::clock::Clock;
+use crate::{clock::Clock, error::StoreError};
 
 /// The state of the [`RedisStore`](super::RedisStore)'s circuit breaker. See the
 /// [module docs](super).
@@ -24,6 +26,17 @@ pub enum BreakerState {
     HalfOpen,
 }
 
+impl BreakerState {
+    /// The state as the breaker gauge's value: 0 closed, 1 half-open, 2 open.
+    pub(crate) fn gauge(self) -> u8 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     state: BreakerState,
@@ -34,7 +47,7 @@ struct Inner {
 }
 
 /// Consecutive-failure breaker with a cooldown and a single half-open probe.
-pub(super) struct Breaker {
+pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     clock: Arc<dyn Clock>,
@@ -56,13 +69,13 @@ impl std::fmt::Debug for Breaker {
 
 /// Permission to call the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Permit {
+pub(crate) enum Permit {
     Call,
     Probe,
 }
 
 impl Breaker {
-    pub(super) fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
@@ -77,6 +90,44 @@ impl Breaker {
         }
     }
 
+    /// Makes the call `make` returns under the breaker and `deadline`: refused at once
+    /// with [`StoreError::CircuitOpen`] while the breaker is open (the call is not made),
+    /// otherwise made, its failure or missed deadline counted toward opening it.
+    /// `changed` hears each change of state the call's outcome makes.
+    pub(crate) async fn call<T, F>(
+        &self,
+        deadline: Duration,
+        make: impl FnOnce() -> F,
+        changed: impl FnOnce(BreakerState),
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let Some(permit) = self.permit() else {
+            return Err(StoreError::CircuitOpen);
+        };
+        let mut guard = PermitGuard {
+            breaker: self,
+            permit,
+            done: false,
+        };
+        let result = match tokio::time::timeout(deadline, make()).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(deadline)),
+        };
+        guard.done = true;
+        let before = self.state();
+        match &result {
+            Ok(_) => self.success(permit),
+            Err(e) => self.failure(permit, e),
+        }
+        let after = self.state();
+        if after != before {
+            changed(after);
+        }
+        result
+    }
+
     /// Whether the cooldown since `opened_at` has passed.
     fn cooled(&self, opened_at: u64) -> bool {
         self.clock.now().saturating_sub(opened_at) >= self.cooldown.as_nanos() as u64
@@ -89,7 +140,7 @@ impl Breaker {
         );
     }
 
-    pub(super) fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         let i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if i.state == BreakerState::Open && self.cooled(i.opened_at) {
             BreakerState::HalfOpen
@@ -99,7 +150,7 @@ impl Breaker {
     }
 
     /// Whether a call may go out now; `None` while open (or while a probe is out).
-    pub(super) fn permit(&self) -> Option<Permit> {
+    pub(crate) fn permit(&self) -> Option<Permit> {
         if self.clean.load(Ordering::Acquire) {
             return Some(Permit::Call);
         }
@@ -121,7 +172,7 @@ impl Breaker {
         }
     }
 
-    pub(super) fn success(&self, permit: Permit) {
+    pub(crate) fn success(&self, permit: Permit) {
         if permit == Permit::Call && self.clean.load(Ordering::Acquire) {
             return; // nothing to reset
         }
@@ -136,7 +187,7 @@ impl Breaker {
     }
 
     /// A permitted call that never finished (its future was dropped).
-    pub(super) fn abandon(&self, permit: Permit) {
+    pub(crate) fn abandon(&self, permit: Permit) {
         if permit == Permit::Probe {
             self.inner
                 .lock()
@@ -145,7 +196,7 @@ impl Breaker {
         }
     }
 
-    pub(super) fn failure(&self, permit: Permit, what: &dyn std::fmt::Display) {
+    pub(crate) fn failure(&self, permit: Permit, what: &dyn std::fmt::Display) {
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         self.clean.store(false, Ordering::Release);
         if permit == Permit::Probe {
@@ -166,6 +217,21 @@ impl Breaker {
                 cooldown = ?self.cooldown,
                 "circuit breaker opened: Redis is not called until the cooldown has passed"
             );
+        }
+    }
+}
+
+/// Releases a half-open probe whose call was dropped before it finished.
+struct PermitGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Permit,
+    done: bool,
+}
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.breaker.abandon(self.permit);
         }
     }
 }

@@ -152,6 +152,7 @@ mod negative;
 mod script;
 mod store;
 
+pub(crate) use breaker::Breaker;
 pub use breaker::BreakerState;
 pub use failure::FailurePolicy;
 pub use local_first::{LocalFirstStore, SyncTask};

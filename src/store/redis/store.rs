@@ -6,7 +6,7 @@ use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
 
 use super::{
     batch::{self, Batcher, Call, Request},
-    breaker::{Breaker, BreakerState, Permit},
+    breaker::{Breaker, BreakerState},
     failure::{scaled_policy, FailurePolicy},
     keys,
     negative::NegativeCache,
@@ -375,21 +375,6 @@ impl fmt::Debug for RedisStore {
 /// The local limiter a store falls back to.
 type Fallback = MemoryStore<Vec<u8>, Arc<dyn Clock>>;
 
-/// Releases a half-open probe whose call was dropped before it finished.
-struct PermitGuard<'a> {
-    breaker: &'a Breaker,
-    permit: Permit,
-    done: bool,
-}
-
-impl Drop for PermitGuard<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.breaker.abandon(self.permit);
-        }
-    }
-}
-
 impl Shared {
     /// One script call under the deadline and the breaker.
     pub(super) async fn guarded_call(
@@ -400,47 +385,33 @@ impl Shared {
         limits: &[u64],
         general: bool,
     ) -> Result<Vec<i64>, StoreError> {
-        let Some(permit) = self.breaker.permit() else {
-            self.metrics.operation(0.0, Some(&StoreError::CircuitOpen));
-            return Err(StoreError::CircuitOpen);
-        };
-        let mut guard = PermitGuard {
-            breaker: &self.breaker,
-            permit,
-            done: false,
-        };
-        let request = Request {
-            key: key.to_vec(),
-            call: Call::Script {
-                mode,
-                cost,
-                now_ns: self.overrides.then(|| self.clock.now()),
-                limits: limits.to_vec(),
-                general,
-            },
-        };
         let started = std::time::Instant::now();
-        let call = self.conn.request(request, self.batching);
-        let result = match tokio::time::timeout(self.deadline, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.deadline)),
+        let result = self
+            .breaker
+            .call(
+                self.deadline,
+                || {
+                    let request = Request {
+                        key: key.to_vec(),
+                        call: Call::Script {
+                            mode,
+                            cost,
+                            now_ns: self.overrides.then(|| self.clock.now()),
+                            limits: limits.to_vec(),
+                            general,
+                        },
+                    };
+                    self.conn.request(request, self.batching)
+                },
+                |state| self.metrics.breaker(state.gauge()),
+            )
+            .await;
+        // A refusal of the open breaker took no time.
+        let elapsed = match &result {
+            Err(StoreError::CircuitOpen) => 0.0,
+            _ => started.elapsed().as_secs_f64(),
         };
-        guard.done = true;
-        self.metrics
-            .operation(started.elapsed().as_secs_f64(), result.as_ref().err());
-        let before = self.breaker.state();
-        match &result {
-            Ok(_) => self.breaker.success(permit),
-            Err(e) => self.breaker.failure(permit, e),
-        }
-        let after = self.breaker.state();
-        if after != before {
-            self.metrics.breaker(match after {
-                BreakerState::Closed => 0,
-                BreakerState::HalfOpen => 1,
-                _ => 2,
-            });
-        }
+        self.metrics.operation(elapsed, result.as_ref().err());
         result
     }
 
