@@ -162,6 +162,21 @@ impl RedisServer {
         signal(self.pid(), "-CONT");
     }
 
+    /// Script calls (`EVALSHA` and `EVAL`) the server has run, once their count has
+    /// stopped moving: calls sent while it was stopped run when it resumes.
+    pub fn settled_script_calls(&self) -> u64 {
+        let count = || self.calls("evalsha") + self.calls("eval");
+        let mut last = count();
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = count();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+
     /// `INFO commandstats` calls of one command (e.g. `evalsha`).
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.cli(&["INFO", "commandstats"]);
