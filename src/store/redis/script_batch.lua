@@ -27,11 +27,16 @@
 -- general one ({3}: written under other limits, or not a state), goes to `general`, whose
 -- `redis` reads and writes the key's value here.
 --
--- Reply: per request, either its fast reply, two values: code (0, 1, 2; never negative)
--- and fill; or -1 - n, then the n values of the general script's reply (none for a
--- delete).
+-- Reply: per request, either its fast reply, code (0, 1, 2) and fill, as one value,
+-- fill * 4 + code (never negative; exact while fill < 2^51, as it is unless in debt); or
+-- -1 - n, then n values: the general script's reply (none for a delete), or a fast reply
+-- whose fill is 2^51 or more as its two values, code and fill (n = 2).
 
-local t = redis.call('TIME')
+-- Globals cached in locals: in a script, reading a global costs a lookup in its table on
+-- every use, a local a register.
+local call, K, pack, sunpack = redis.call, KEYS, struct.pack, struct.unpack
+
+local t = call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local lists = {}
@@ -45,7 +50,7 @@ end
 local LT, LC = {}, {}
 
 local D = ARGV[p]
-local R = { struct.unpack('<' .. string.rep('d', #D / 8), D) }
+local R = { sunpack('<' .. string.rep('d', #D / 8), D) }
 -- struct.unpack's last result is the position after the data.
 local nr = #R - 1
 
@@ -53,7 +58,7 @@ local nr = #R - 1
 -- F (fill) and S (the list whose T and cap it was written under) after a fast charge;
 -- W[j] its pending write: the TTL slack for a state in A, F, S, the PX text for a value,
 -- false for a delete, nil for none.
-local val = redis.call('MGET', unpack(KEYS))
+local val = call('MGET', unpack(K))
 local A, F, S, W = {}, {}, {}, {}
 
 -- Key j's state in A, F, S as the fast script stores it: the value and the PX text (TTLs
@@ -72,7 +77,7 @@ local function encode(j)
     px = string.format('%d', ms)
     PX[ms] = px
   end
-  return struct.pack('<dddd', A[j], LT[l], LC[l], f), px
+  return pack('<dddd', A[j], LT[l], LC[l], f), px
 end
 
 -- The key the general script is deciding; what it sees as `redis`: GET, SET and DEL on
@@ -126,7 +131,7 @@ while q < nr do
     elseif v then
       if #v == 32 then
         local d, c
-        at, d, c, f = struct.unpack('<dddd', v)
+        at, d, c, f = sunpack('<dddd', v)
         -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
         if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
           or d ~= lt or c ~= lc then
@@ -165,8 +170,14 @@ while q < nr do
           end
         end
       end
-      out[o + 1], out[o + 2] = code, fill
-      o = o + 2
+      -- Every value of the reply is one more for Redis to convert and the client to parse.
+      if fill < 2251799813685248 then
+        o = o + 1
+        out[o] = fill * 4 + code
+      else
+        out[o + 1], out[o + 2], out[o + 3] = -3, code, fill
+        o = o + 3
+      end
     end
   end
   if kind == 2 then
@@ -176,7 +187,7 @@ while q < nr do
   elseif not fast then
     if val[j] == nil then val[j], W[j] = encode(j) end
     cur = j
-    local r = general({ KEYS[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
+    local r = general({ K[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
     o = o + 1
     out[o] = -1 - #r
     for i = 1, #r do out[o + i] = r[i] end
@@ -185,15 +196,15 @@ while q < nr do
 end
 
 -- PSETEX rather than SET .. PX: one argument fewer for Redis to parse, the same effect.
-for j = 1, #KEYS do
+for j = 1, #K do
   local ttl = W[j]
   if ttl ~= nil then
     local v = val[j]
     if v == nil then v, ttl = encode(j) end
     if v then
-      redis.call('PSETEX', KEYS[j], ttl, v)
+      call('PSETEX', K[j], ttl, v)
     else
-      redis.call('DEL', KEYS[j])
+      call('DEL', K[j])
     end
   end
 end
