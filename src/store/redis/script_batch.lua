@@ -200,7 +200,21 @@ for j = 1, #K do
   local ttl = W[j]
   if ttl ~= nil then
     local v = val[j]
-    if v == nil then v, ttl = encode(j) end
+    if v == nil then
+      -- encode(j), written out: a call of a Lua function costs more than its body here.
+      local f, l = F[j], S[j]
+      local n = f + 999999
+      local ms = n / 1000000
+      ms = ms - ms % 1
+      if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+      ms = ms + ttl
+      ttl = PX[ms]
+      if not ttl then
+        ttl = string.format('%d', ms)
+        PX[ms] = ttl
+      end
+      v = pack('<dddd', A[j], LT[l], LC[l], f)
+    end
     if v then
       call('PSETEX', K[j], ttl, v)
     else
