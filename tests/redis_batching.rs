@@ -69,6 +69,49 @@ async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() 
     assert_eq!(server.calls("evalsha") - before, 20);
 }
 
+/// Requests at the server's own time (no test clock) leave each key a TTL of its time
+/// until fresh, rounded up to the millisecond, and nothing more: `n` charges of an hour on
+/// a key, some of them in one batch, expire after at most `n` hours.
+#[tokio::test]
+async fn a_batch_at_the_servers_time_writes_the_time_until_fresh_as_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = RedisStore::builder(limit())
+        .deadline(Duration::from_secs(5))
+        .negative_cache(0)
+        .build(conn)
+        .unwrap();
+    store.check("warm", 1).await.unwrap();
+    let keys = ["a", "b", "a", "c", "a", "c"];
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for k in keys {
+        let store = store.clone();
+        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::Store);
+    }
+    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for k in ["a", "b", "c"] {
+        let n = keys.iter().filter(|x| **x == k).count() as u64;
+        let pttl: u64 = redis::cmd("PTTL")
+            .arg(store.redis_key(k))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let most = n * 3_600_000;
+        assert!(
+            (most - 1_000..=most).contains(&pttl),
+            "key {k}: PTTL {pttl} ms, expected at most {most} ms"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
     let Some(server) = RedisServer::start() else {

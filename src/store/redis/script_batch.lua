@@ -54,30 +54,40 @@ local R = { sunpack('<' .. string.rep('d', #D / 8), D) }
 -- struct.unpack's last result is the position after the data.
 local nr = #R - 1
 
--- Per key j: val[j] its value (false: none), or nil while its state is in A (write time),
--- F (fill) and S (the list whose T and cap it was written under) after a fast charge;
--- W[j] its pending write: the TTL slack for a state in A, F, S, the PX text for a value,
--- false for a delete, nil for none.
+-- Per key j: N[j] set (a number) while its state is F[j] (fill) after a fast charge,
+-- its list and write time given by N[j]: l > 0, the list l and the script's own time;
+-- -q, those of the timed request at R[q]. Otherwise val[j] is its value (false: none) and
+-- W[j] its pending write: the PX text of the value, false for a delete, nil for none.
 local val = call('MGET', unpack(K))
-local A, F, S, W = {}, {}, {}, {}
+local N, F, W = {}, {}, {}
 
--- Key j's state in A, F, S as the fast script stores it: the value and the PX text (TTLs
--- repeat across a batch: each is formatted once).
+-- The list, write time and TTL slack of a state in numbers whose N[j] is s.
+local function origin(s)
+  if s > 0 then return s, clock, 0 end
+  local w = R[-s]
+  w = (w - w % 256) / 256
+  return w % 256, R[2 - s], R[3 - s]
+end
+
+-- TTLs repeat across a batch: each is formatted once.
 local PX = {}
+
+-- Key j's state in numbers as the fast script stores it: the value and the PX text.
 local function encode(j)
-  local f, l = F[j], S[j]
+  local f = F[j]
+  local l, at, slack = origin(N[j])
   -- TTL: whole milliseconds rounded up (exact integer division), plus the slack.
   local n = f + 999999
   local ms = n / 1000000
   ms = ms - ms % 1
   if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-  ms = ms + W[j]
+  ms = ms + slack
   local px = PX[ms]
   if not px then
     px = string.format('%d', ms)
     PX[ms] = px
   end
-  return pack('<dddd', A[j], LT[l], LC[l], f), px
+  return pack('<dddd', at, LT[l], LC[l], f), px
 end
 
 -- The key the general script is deciding; what it sees as `redis`: GET, SET and DEL on
@@ -95,13 +105,14 @@ local shim = {
       val[cur], W[cur] = false, false
       return true
     end
-    return redis.call(cmd)
+    return call(cmd)
   end,
 }
 
 local out, o = {}, 0
 local q = 1
 while q < nr do
+  local q0 = q
   local w, cost = R[q], R[q + 1]
   q = q + 2
   local j = w % 256
@@ -111,9 +122,9 @@ while q < nr do
   local kind = w % 4
   w = (w - kind) / 4
   local mode = w % 8
-  local now, slack = clock, 0
-  if w >= 8 then
-    now, slack = R[q], R[q + 1]
+  local now, timed = clock, w >= 8
+  if timed then
+    now = R[q]
     q = q + 2
   end
   local fast = kind == 1
@@ -124,21 +135,25 @@ while q < nr do
       lt, lc = tonumber(lim[4]), tonumber(lim[6])
       LT[l], LC[l] = lt, lc
     end
-    local v, at, f = val[j], nil, nil
-    if v == nil then
-      local s = S[j]
-      if s == l or (LT[s] == lt and LC[s] == lc) then at, f = A[j], F[j] else fast = false end
-    elseif v then
-      if #v == 32 then
-        local d, c
-        at, d, c, f = sunpack('<dddd', v)
-        -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
-        if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
-          or d ~= lt or c ~= lc then
+    local s, at, f = N[j], nil, nil
+    if s then
+      local sat = clock
+      if s < 0 then s, sat = origin(s) end
+      if s == l or (LT[s] == lt and LC[s] == lc) then at, f = sat, F[j] else fast = false end
+    else
+      local v = val[j]
+      if v then
+        if #v == 32 then
+          local d, c
+          at, d, c, f = sunpack('<dddd', v)
+          -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
+          if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
+            or d ~= lt or c ~= lc then
+            fast = false
+          end
+        else
           fast = false
         end
-      else
-        fast = false
       end
     end
     if fast then
@@ -163,9 +178,11 @@ while q < nr do
             code = 1
           elseif mode == 0 then
             if diff == 0 then
-              val[j], W[j] = false, false
+              N[j], val[j], W[j] = nil, false, false
+            elseif timed then
+              N[j], F[j] = -q0, diff
             else
-              val[j], A[j], F[j], S[j], W[j] = nil, now, diff, l, slack
+              N[j], F[j] = l, diff
             end
           end
         end
@@ -181,12 +198,17 @@ while q < nr do
     end
   end
   if kind == 2 then
-    val[j], W[j] = false, false
+    N[j], val[j], W[j] = nil, false, false
     o = o + 1
     out[o] = -1
   elseif not fast then
-    if val[j] == nil then val[j], W[j] = encode(j) end
+    if N[j] then
+      val[j], W[j] = encode(j)
+      N[j] = nil
+    end
     cur = j
+    local slack = 0
+    if timed then slack = R[q - 1] end
     local r = general({ K[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
     o = o + 1
     out[o] = -1 - #r
@@ -197,27 +219,28 @@ end
 
 -- PSETEX rather than SET .. PX: one argument fewer for Redis to parse, the same effect.
 for j = 1, #K do
-  local ttl = W[j]
-  if ttl ~= nil then
-    local v = val[j]
-    if v == nil then
-      -- encode(j), written out: a call of a Lua function costs more than its body here.
-      local f, l = F[j], S[j]
-      local n = f + 999999
-      local ms = n / 1000000
-      ms = ms - ms % 1
-      if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-      ms = ms + ttl
-      ttl = PX[ms]
-      if not ttl then
-        ttl = string.format('%d', ms)
-        PX[ms] = ttl
-      end
-      v = pack('<dddd', A[j], LT[l], LC[l], f)
+  local s = N[j]
+  if s then
+    -- encode(j), written out for the common case (a state of the script's own time): a
+    -- call of a Lua function costs more than its body here.
+    local f, at, slack = F[j], clock, 0
+    if s < 0 then s, at, slack = origin(s) end
+    local n = f + 999999
+    local ms = n / 1000000
+    ms = ms - ms % 1
+    if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+    ms = ms + slack
+    local px = PX[ms]
+    if not px then
+      px = string.format('%d', ms)
+      PX[ms] = px
     end
-    if v then
-      call('PSETEX', K[j], ttl, v)
-    else
+    call('PSETEX', K[j], px, pack('<dddd', at, LT[s], LC[s], f))
+  else
+    local w = W[j]
+    if w then
+      call('PSETEX', K[j], w, val[j])
+    elseif w == false then
       call('DEL', K[j])
     end
   end
