@@ -6,8 +6,8 @@
 --          script's limit arguments (shadow, number of limits, per limit...)
 -- ARGV[p]  (the last) the requests in order, as little-endian doubles; per request:
 --            j + 256 * (list + 256 * (kind + 4 * (mode + 8 * timed)))
---          (j its key's index in KEYS, list the index of its list; kind 0 the general
---          script, 1 the fast GCRA path, 2 delete the key; mode as the scripts'; timed 1
+--          (j its key's index in KEYS, list the index of its list; kind 0 the fast
+--          GCRA path, 1 the general script, 2 delete the key; mode as the scripts'; timed 1
 --          when the request brings its own time), its cost, and when timed its time (us)
 --          and TTL slack (ms)
 --
@@ -20,10 +20,10 @@
 -- (PSETEX, or DEL), whatever the number of its requests. Time stands still
 -- inside a script, so the end state is the one the separate calls would have left.
 --
--- Kind 1 (a check or peek under one GCRA limit: the fast script's requests) is decided
+-- Kind 0 (a check or peek under one GCRA limit: the fast script's requests) is decided
 -- here, inline, as script_gcra.lua decides it: a key's state is decoded from its stored
 -- value, kept as numbers once such a request charges it, and encoded once, for its
--- write. Anything else, and a kind 1 request on a state the fast script would hand to the
+-- write. Anything else, and a kind 0 request on a state the fast script would hand to the
 -- general one ({3}: written under other limits, or not a state), goes to `general`, whose
 -- `redis` reads and writes the key's value here.
 --
@@ -119,15 +119,20 @@ while q < nr do
   w = (w - j) / 256
   local l = w % 256
   w = (w - l) / 256
-  local kind = w % 4
-  w = (w - kind) / 4
-  local mode = w % 8
-  local now, timed = clock, w >= 8
-  if timed then
-    now = R[q]
-    q = q + 2
+  -- w is kind + 4 * (mode + 8 * timed): 0 for the commonest request, a check on the fast
+  -- path at the script's time.
+  local kind, mode, now, timed = 0, 0, clock, false
+  if w ~= 0 then
+    kind = w % 4
+    w = (w - kind) / 4
+    mode = w % 8
+    if w >= 8 then
+      timed = true
+      now = R[q]
+      q = q + 2
+    end
   end
-  local fast = kind == 1
+  local fast = kind == 0
   if fast then
     local lt, lc = LT[l], LC[l]
     if not lt then
@@ -197,11 +202,12 @@ while q < nr do
       end
     end
   end
-  if kind == 2 then
+  if fast then
+  elseif kind == 2 then
     N[j], val[j], W[j] = nil, false, false
     o = o + 1
     out[o] = -1
-  elseif not fast then
+  else
     if N[j] then
       val[j], W[j] = encode(j)
       N[j] = nil
