@@ -69,25 +69,29 @@ local function origin(s)
   return w % 256, R[2 - s], R[3 - s]
 end
 
--- TTLs repeat across a batch: each is formatted once.
+-- The PX text of a state of fill f (ns) with a TTL slack (ms): whole milliseconds until
+-- fresh, rounded up (exact integer division), plus the slack. TTLs repeat across a batch:
+-- each is formatted once.
 local PX = {}
-
--- Key j's state in numbers as the fast script stores it: the value and the PX text.
-local function encode(j)
-  local f = F[j]
-  local l, at, slack = origin(N[j])
-  -- TTL: whole milliseconds rounded up (exact integer division), plus the slack.
+local function px(f, slack)
   local n = f + 999999
   local ms = n / 1000000
   ms = ms - ms % 1
   if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
   ms = ms + slack
-  local px = PX[ms]
-  if not px then
-    px = string.format('%d', ms)
-    PX[ms] = px
+  local text = PX[ms]
+  if not text then
+    text = string.format('%d', ms)
+    PX[ms] = text
   end
-  return pack('<dddd', at, LT[l], LC[l], f), px
+  return text
+end
+
+-- Key j's state in numbers as the fast script stores it: the value and the PX text.
+local function encode(j)
+  local f = F[j]
+  local l, at, slack = origin(N[j])
+  return pack('<dddd', at, LT[l], LC[l], f), px(f, slack)
 end
 
 -- The key the general script is deciding; what it sees as `redis`: GET, SET and DEL on
@@ -223,25 +227,35 @@ while q < nr do
   end
 end
 
+-- States of the script's own time under one list with one fill are one value with one
+-- TTL (keys charged from empty by the same cost, say): one that repeats the state before
+-- it is not encoded again.
+local ls, lf, lv, lt
 -- PSETEX rather than SET .. PX: one argument fewer for Redis to parse, the same effect.
 for j = 1, #K do
   local s = N[j]
   if s then
-    -- encode(j), written out for the common case (a state of the script's own time): a
-    -- call of a Lua function costs more than its body here.
-    local f, at, slack = F[j], clock, 0
-    if s < 0 then s, at, slack = origin(s) end
-    local n = f + 999999
-    local ms = n / 1000000
-    ms = ms - ms % 1
-    if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    ms = ms + slack
-    local px = PX[ms]
-    if not px then
-      px = string.format('%d', ms)
-      PX[ms] = px
+    local f = F[j]
+    if s > 0 then
+      if f ~= lf or s ~= ls then
+        -- px(f, 0) and encode(j), written out: a call of a Lua function costs more than
+        -- its body here.
+        local n = f + 999999
+        local ms = n / 1000000
+        ms = ms - ms % 1
+        if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+        lt = PX[ms]
+        if not lt then
+          lt = string.format('%d', ms)
+          PX[ms] = lt
+        end
+        ls, lf, lv = s, f, pack('<dddd', clock, LT[s], LC[s], f)
+      end
+      call('PSETEX', K[j], lt, lv)
+    else
+      local v, t = encode(j)
+      call('PSETEX', K[j], t, v)
     end
-    call('PSETEX', K[j], px, pack('<dddd', at, LT[s], LC[s], f))
   else
     local w = W[j]
     if w then
