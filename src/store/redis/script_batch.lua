@@ -136,45 +136,47 @@ while q < nr do
       q = q + 2
     end
   end
-  local fast = kind == 0
-  if fast then
+  -- The fill (ns) of the key's state when the fast path decides this request; nil when
+  -- the general script does.
+  local fill
+  if kind == 0 then
     local lt, lc = LT[l], LC[l]
     if not lt then
       local lim = lists[l]
       lt, lc = tonumber(lim[4]), tonumber(lim[6])
       LT[l], LC[l] = lt, lc
     end
-    local s, at, f = N[j], nil, nil
+    -- The state's write time and fill, when the fast path can read it.
+    local at, f
+    local s = N[j]
     if s then
-      local sat = clock
-      if s < 0 then s, sat = origin(s) end
-      if s == l or (LT[s] == lt and LC[s] == lc) then at, f = sat, F[j] else fast = false end
+      at = clock
+      if s < 0 then s, at = origin(s) end
+      if s == l or (LT[s] == lt and LC[s] == lc) then f = F[j] end
     else
       local v = val[j]
-      if v then
-        if #v == 32 then
-          local d, c
-          at, d, c, f = sunpack('<dddd', v)
-          -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
-          if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
-            or d ~= lt or c ~= lc then
-            fast = false
-          end
-        else
-          fast = false
+      if not v then
+        fill = 0
+      elseif #v == 32 then
+        local d, c
+        at, d, c, f = sunpack('<dddd', v)
+        -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
+        if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
+          or d ~= lt or c ~= lc then
+          f = nil
         end
       end
     end
-    if fast then
-      local fill = 0
-      if at then
-        if at <= now then
-          local back = (now - at) * 1000
-          if back < f then fill = f - back end
-        else
-          fill = f + (at - now) * 1000
-        end
+    if f then
+      if at <= now then
+        fill = 0
+        local back = (now - at) * 1000
+        if back < f then fill = f - back end
+      else
+        fill = f + (at - now) * 1000
       end
+    end
+    if fill then
       local inc = cost * lt
       local code = 0
       -- A cost of zero is admitted at once and writes nothing.
@@ -206,7 +208,7 @@ while q < nr do
       end
     end
   end
-  if fast then
+  if fill then
   elseif kind == 2 then
     N[j], val[j], W[j] = nil, false, false
     o = o + 1
