@@ -69,6 +69,118 @@ async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() 
     assert_eq!(server.calls("evalsha") - before, 20);
 }
 
+/// Requests at the server's own time (no test clock) leave each key a TTL of its time
+/// until fresh, rounded up to the millisecond, and nothing more: `n` charges of an hour on
+/// a key, some of them in one batch, expire after at most `n` hours.
+#[tokio::test]
+async fn a_batch_at_the_servers_time_writes_the_time_until_fresh_as_ttl() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = RedisStore::builder(limit())
+        .deadline(Duration::from_secs(5))
+        .negative_cache(0)
+        .build(conn)
+        .unwrap();
+    store.check("warm", 1).await.unwrap();
+    let keys = ["a", "b", "a", "c", "a", "c"];
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for k in keys {
+        let store = store.clone();
+        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::Store);
+    }
+    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    for k in ["a", "b", "c"] {
+        let n = keys.iter().filter(|x| **x == k).count() as u64;
+        let pttl: u64 = redis::cmd("PTTL")
+            .arg(store.redis_key(k))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let most = n * 3_600_000;
+        assert!(
+            (most - 1_000..=most).contains(&pttl),
+            "key {k}: PTTL {pttl} ms, expected at most {most} ms"
+        );
+    }
+}
+
+/// Keys charged at the server's own time under two policies in one batch, all to the same
+/// fill: each key's value holds its own policy's limit (T and cap), as an unbatched call
+/// of that policy writes it.
+#[tokio::test]
+async fn a_batch_writes_each_key_under_its_own_limits() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let narrow = Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(50).unwrap()).unwrap();
+    let build = |limit: Limit, batching: bool| {
+        RedisStore::builder(limit)
+            .deadline(Duration::from_secs(5))
+            .negative_cache(0)
+            .batching(batching)
+            .build(conn.clone())
+            .unwrap()
+    };
+    let (wide, other) = (build(limit(), true), build(narrow.clone(), true));
+    wide.check("warm", 1).await.unwrap();
+    let keys = [
+        (true, "w1"),
+        (false, "n1"),
+        (true, "w2"),
+        (false, "n2"),
+        (true, "w3"),
+    ];
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for (w, k) in keys {
+        let store = if w { wide.clone() } else { other.clone() };
+        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::Store);
+    }
+    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    // Reference values, one call each.
+    let (wide_1, narrow_1) = (build(limit(), false), build(narrow, false));
+    wide_1.check("ref-w", 1).await.unwrap();
+    narrow_1.check("ref-n", 1).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let con = client.get_multiplexed_async_connection().await.unwrap();
+    let limits = |key: Vec<u8>| {
+        let mut con = con.clone();
+        async move {
+            let v: Vec<u8> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert_eq!(v.len(), 32);
+            // The words after the write time: T, cap and the fill.
+            v[8..].to_vec()
+        }
+    };
+    let want_wide = limits(wide.redis_key("ref-w")).await;
+    let want_narrow = limits(other.redis_key("ref-n")).await;
+    assert_ne!(want_wide, want_narrow);
+    for (w, k) in keys {
+        let (store, want) = if w {
+            (&wide, &want_wide)
+        } else {
+            (&other, &want_narrow)
+        };
+        assert_eq!(&limits(store.redis_key(k)).await, want, "key {k}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
     let Some(server) = RedisServer::start() else {

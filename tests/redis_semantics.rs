@@ -163,6 +163,44 @@ fn costs_of_zero_and_syncs_on_a_state_in_debt_match_memory() {
     });
 }
 
+/// A fill of 2^51 ns or more (after a ban of about 30 days): the batch script's fast
+/// replies travel in their long form (two values) then; checks admitted, refused and past
+/// the burst, a cost of zero and peeks, decided in one batch behind the ban, still match
+/// the in-memory store.
+#[test]
+fn fills_past_2_pow_51_through_batches_match_memory() {
+    let Some(target) = Target::get() else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let conn = RedisConnection::connect(&target.url()).await.unwrap();
+        let t0 = 1_755_000_000_123_456u64;
+        let bucket = Policy::new(
+            Limit::token_bucket(Quota::per_second(5).unwrap().with_burst(3).unwrap()).unwrap(),
+        );
+        // Op 13: a ban of 1 500 000 000 * 1.7 ms, 2.55e15 ns (2^51 is 2.25e15).
+        let ban = (0, 1_500_000_000, 13, 0);
+        let after = [
+            (0, 1, 0, 0),
+            (0, 0, 0, 0),
+            (0, 1, 7, 0),
+            (0, 9, 0, 0),
+            (1_000, 1, 0, 0),
+            (0, 0, 7, 0),
+        ];
+        let mut ops = vec![(0, 1, 0, 0), (0, 1, 0, 0), ban];
+        ops.extend(after);
+        compare_concurrent(&conn, std::slice::from_ref(&bucket), t0, &ops, 16)
+            .await
+            .unwrap();
+        // The same behind a short fill in the same batch, on a state a fast charge wrote.
+        let mut ops = vec![(0, 1, 0, 0), (0, 1, 0, 0), (0, 1, 0, 0), ban, (0, 1, 0, 0)];
+        ops.extend(after);
+        compare_concurrent(&conn, &[bucket], t0, &ops, 16)
+            .await
+            .unwrap();
+    });
+}
+
 #[test]
 fn refuses_quotas_it_cannot_decide_exactly() {
     // No server needed: the policy is checked when the store is built.

@@ -318,24 +318,28 @@ fn list_index<'a>(lists: &mut Vec<&'a [u64]>, list: &'a [u64]) -> usize {
     }
 }
 
-/// Splits the batch script's flat reply into one reply per request: a fast reply is two
-/// values, a code (never negative) and the fill; any other is `-1 - n`, then its `n`
-/// values. Requests past a malformed part get an error.
+/// Splits the batch script's flat reply into one reply per request: a fast reply is one
+/// value, `4 * fill + code` (never negative), given back as `[code, fill]`; any other is
+/// `-1 - n`, then its `n` values (a fast reply with a fill of 2^51 or more: `-3`, code,
+/// fill). Requests past a malformed part get an error.
 fn split(flat: &[i64], n: usize) -> Vec<Reply> {
     let mut out = Vec::with_capacity(n);
     let mut rest = flat;
     for _ in 0..n {
         let part = rest.split_first().and_then(|(&head, tail)| {
             if head >= 0 {
-                (!tail.is_empty()).then(|| rest.split_at(2))
+                Some((vec![head & 3, head >> 2], tail))
             } else {
                 let len = usize::try_from(-1 - head).ok()?;
-                (len <= tail.len()).then(|| tail.split_at(len))
+                (len <= tail.len()).then(|| {
+                    let (reply, tail) = tail.split_at(len);
+                    (reply.to_vec(), tail)
+                })
             }
         });
         match part {
             Some((reply, tail)) => {
-                out.push(Ok(reply.to_vec()));
+                out.push(Ok(reply));
                 rest = tail;
             }
             None => {
@@ -353,17 +357,19 @@ mod tests {
 
     #[test]
     fn split_gives_each_request_its_reply() {
-        let r = split(&[0, 5, -1, -2, 9, 1, 0], 4);
+        let r = split(&[20, -1, -2, 9, 1, 4 * 7 + 2, -3, 1, 1 << 52], 6);
         assert_eq!(r[0], Ok(vec![0, 5]));
         assert_eq!(r[1], Ok(vec![]));
         assert_eq!(r[2], Ok(vec![9]));
         assert_eq!(r[3], Ok(vec![1, 0]));
+        assert_eq!(r[4], Ok(vec![2, 7]));
+        assert_eq!(r[5], Ok(vec![1, 1 << 52]));
     }
 
     #[test]
     fn split_refuses_a_malformed_reply_without_panicking() {
         assert!(split(&[-4, 0, 5], 1)[0].is_err());
-        assert!(split(&[0], 1)[0].is_err());
+        assert!(split(&[], 1)[0].is_err());
         let r = split(&[-2, 7], 2);
         assert_eq!(r[0], Ok(vec![7]));
         assert!(r[1].is_err());

@@ -178,7 +178,7 @@ pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
 
 /// Appends one script request of a batch to `records` (see `script_batch.lua`): the
 /// index of its key among the batch's keys and of its limits among the batch's lists
-/// (both 1-based, below 256), its kind (0 the general script, 1 the fast GCRA path),
+/// (both 1-based, below 256), its kind (0 the fast GCRA path, 1 the general script),
 /// mode and cost, and the time override with its TTL slack.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn batch_item(
@@ -191,7 +191,7 @@ pub(super) fn batch_item(
     limits: &[u64],
     general: bool,
 ) {
-    let kind = u64::from(fast_args(mode, limits, general).is_some());
+    let kind = u64::from(fast_args(mode, limits, general).is_none());
     let timed = u64::from(now_ns.is_some());
     batch_record(
         records,

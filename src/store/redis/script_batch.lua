@@ -6,8 +6,8 @@
 --          script's limit arguments (shadow, number of limits, per limit...)
 -- ARGV[p]  (the last) the requests in order, as little-endian doubles; per request:
 --            j + 256 * (list + 256 * (kind + 4 * (mode + 8 * timed)))
---          (j its key's index in KEYS, list the index of its list; kind 0 the general
---          script, 1 the fast GCRA path, 2 delete the key; mode as the scripts'; timed 1
+--          (j its key's index in KEYS, list the index of its list; kind 0 the fast
+--          GCRA path, 1 the general script, 2 delete the key; mode as the scripts'; timed 1
 --          when the request brings its own time), its cost, and when timed its time (us)
 --          and TTL slack (ms)
 --
@@ -20,18 +20,23 @@
 -- (PSETEX, or DEL), whatever the number of its requests. Time stands still
 -- inside a script, so the end state is the one the separate calls would have left.
 --
--- Kind 1 (a check or peek under one GCRA limit: the fast script's requests) is decided
+-- Kind 0 (a check or peek under one GCRA limit: the fast script's requests) is decided
 -- here, inline, as script_gcra.lua decides it: a key's state is decoded from its stored
 -- value, kept as numbers once such a request charges it, and encoded once, for its
--- write. Anything else, and a kind 1 request on a state the fast script would hand to the
+-- write. Anything else, and a kind 0 request on a state the fast script would hand to the
 -- general one ({3}: written under other limits, or not a state), goes to `general`, whose
 -- `redis` reads and writes the key's value here.
 --
--- Reply: per request, either its fast reply, two values: code (0, 1, 2; never negative)
--- and fill; or -1 - n, then the n values of the general script's reply (none for a
--- delete).
+-- Reply: per request, either its fast reply, code (0, 1, 2) and fill, as one value,
+-- fill * 4 + code (never negative; exact while fill < 2^51, as it is unless in debt); or
+-- -1 - n, then n values: the general script's reply (none for a delete), or a fast reply
+-- whose fill is 2^51 or more as its two values, code and fill (n = 2).
 
-local t = redis.call('TIME')
+-- Globals cached in locals: in a script, reading a global costs a lookup in its table on
+-- every use, a local a register.
+local call, K, pack, sunpack = redis.call, KEYS, struct.pack, struct.unpack
+
+local t = call('TIME')
 local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local lists = {}
@@ -45,34 +50,48 @@ end
 local LT, LC = {}, {}
 
 local D = ARGV[p]
-local R = { struct.unpack('<' .. string.rep('d', #D / 8), D) }
+local R = { sunpack('<' .. string.rep('d', #D / 8), D) }
 -- struct.unpack's last result is the position after the data.
 local nr = #R - 1
 
--- Per key j: val[j] its value (false: none), or nil while its state is in A (write time),
--- F (fill) and S (the list whose T and cap it was written under) after a fast charge;
--- W[j] its pending write: the TTL slack for a state in A, F, S, the PX text for a value,
--- false for a delete, nil for none.
-local val = redis.call('MGET', unpack(KEYS))
-local A, F, S, W = {}, {}, {}, {}
+-- Per key j: N[j] set (a number) while its state is F[j] (fill) after a fast charge,
+-- its list and write time given by N[j]: l > 0, the list l and the script's own time;
+-- -q, those of the timed request at R[q]. Otherwise val[j] is its value (false: none) and
+-- W[j] its pending write: the PX text of the value, false for a delete, nil for none.
+local val = call('MGET', unpack(K))
+local N, F, W = {}, {}, {}
 
--- Key j's state in A, F, S as the fast script stores it: the value and the PX text (TTLs
--- repeat across a batch: each is formatted once).
+-- The list, write time and TTL slack of a state in numbers whose N[j] is s.
+local function origin(s)
+  if s > 0 then return s, clock, 0 end
+  local w = R[-s]
+  w = (w - w % 256) / 256
+  return w % 256, R[2 - s], R[3 - s]
+end
+
+-- The PX text of a state of fill f (ns) with a TTL slack (ms): whole milliseconds until
+-- fresh, rounded up (exact integer division), plus the slack. TTLs repeat across a batch:
+-- each is formatted once.
 local PX = {}
-local function encode(j)
-  local f, l = F[j], S[j]
-  -- TTL: whole milliseconds rounded up (exact integer division), plus the slack.
+local function px(f, slack)
   local n = f + 999999
   local ms = n / 1000000
   ms = ms - ms % 1
   if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-  ms = ms + W[j]
-  local px = PX[ms]
-  if not px then
-    px = string.format('%d', ms)
-    PX[ms] = px
+  ms = ms + slack
+  local text = PX[ms]
+  if not text then
+    text = string.format('%d', ms)
+    PX[ms] = text
   end
-  return struct.pack('<dddd', A[j], LT[l], LC[l], f), px
+  return text
+end
+
+-- Key j's state in numbers as the fast script stores it: the value and the PX text.
+local function encode(j)
+  local f = F[j]
+  local l, at, slack = origin(N[j])
+  return pack('<dddd', at, LT[l], LC[l], f), px(f, slack)
 end
 
 -- The key the general script is deciding; what it sees as `redis`: GET, SET and DEL on
@@ -90,62 +109,74 @@ local shim = {
       val[cur], W[cur] = false, false
       return true
     end
-    return redis.call(cmd)
+    return call(cmd)
   end,
 }
 
 local out, o = {}, 0
 local q = 1
 while q < nr do
+  local q0 = q
   local w, cost = R[q], R[q + 1]
   q = q + 2
   local j = w % 256
   w = (w - j) / 256
   local l = w % 256
   w = (w - l) / 256
-  local kind = w % 4
-  w = (w - kind) / 4
-  local mode = w % 8
-  local now, slack = clock, 0
-  if w >= 8 then
-    now, slack = R[q], R[q + 1]
-    q = q + 2
+  -- w is kind + 4 * (mode + 8 * timed): 0 for the commonest request, a check on the fast
+  -- path at the script's time.
+  local kind, mode, now, timed = 0, 0, clock, false
+  if w ~= 0 then
+    kind = w % 4
+    w = (w - kind) / 4
+    mode = w % 8
+    if w >= 8 then
+      timed = true
+      now = R[q]
+      q = q + 2
+    end
   end
-  local fast = kind == 1
-  if fast then
+  -- The fill (ns) of the key's state when the fast path decides this request; nil when
+  -- the general script does.
+  local fill
+  if kind == 0 then
     local lt, lc = LT[l], LC[l]
     if not lt then
       local lim = lists[l]
       lt, lc = tonumber(lim[4]), tonumber(lim[6])
       LT[l], LC[l] = lt, lc
     end
-    local v, at, f = val[j], nil, nil
-    if v == nil then
-      local s = S[j]
-      if s == l or (LT[s] == lt and LC[s] == lc) then at, f = A[j], F[j] else fast = false end
-    elseif v then
-      if #v == 32 then
+    -- The state's write time and fill, when the fast path can read it.
+    local at, f
+    local s = N[j]
+    if s then
+      at = clock
+      if s < 0 then s, at = origin(s) end
+      if s == l or (LT[s] == lt and LC[s] == lc) then f = F[j] end
+    else
+      local v = val[j]
+      if not v then
+        fill = 0
+      elseif #v == 32 then
         local d, c
-        at, d, c, f = struct.unpack('<dddd', v)
+        at, d, c, f = sunpack('<dddd', v)
         -- Anything but integers in [0, 2^53) is no state; other limits' state is converted.
         if not (at >= 0 and at < 9007199254740992 and f >= 0 and f < 9007199254740992)
           or d ~= lt or c ~= lc then
-          fast = false
+          f = nil
         end
-      else
-        fast = false
       end
     end
-    if fast then
-      local fill = 0
-      if at then
-        if at <= now then
-          local back = (now - at) * 1000
-          if back < f then fill = f - back end
-        else
-          fill = f + (at - now) * 1000
-        end
+    if f then
+      if at <= now then
+        fill = 0
+        local back = (now - at) * 1000
+        if back < f then fill = f - back end
+      else
+        fill = f + (at - now) * 1000
       end
+    end
+    if fill then
       local inc = cost * lt
       local code = 0
       -- A cost of zero is admitted at once and writes nothing.
@@ -158,25 +189,39 @@ while q < nr do
             code = 1
           elseif mode == 0 then
             if diff == 0 then
-              val[j], W[j] = false, false
+              N[j], val[j], W[j] = nil, false, false
+            elseif timed then
+              N[j], F[j] = -q0, diff
             else
-              val[j], A[j], F[j], S[j], W[j] = nil, now, diff, l, slack
+              N[j], F[j] = l, diff
             end
           end
         end
       end
-      out[o + 1], out[o + 2] = code, fill
-      o = o + 2
+      -- Every value of the reply is one more for Redis to convert and the client to parse.
+      if fill < 2251799813685248 then
+        o = o + 1
+        out[o] = fill * 4 + code
+      else
+        out[o + 1], out[o + 2], out[o + 3] = -3, code, fill
+        o = o + 3
+      end
     end
   end
-  if kind == 2 then
-    val[j], W[j] = false, false
+  if fill then
+  elseif kind == 2 then
+    N[j], val[j], W[j] = nil, false, false
     o = o + 1
     out[o] = -1
-  elseif not fast then
-    if val[j] == nil then val[j], W[j] = encode(j) end
+  else
+    if N[j] then
+      val[j], W[j] = encode(j)
+      N[j] = nil
+    end
     cur = j
-    local r = general({ KEYS[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
+    local slack = 0
+    if timed then slack = R[q - 1] end
+    local r = general({ K[j] }, { mode, cost, now, slack, unpack(lists[l]) }, shim)
     o = o + 1
     out[o] = -1 - #r
     for i = 1, #r do out[o + i] = r[i] end
@@ -184,16 +229,41 @@ while q < nr do
   end
 end
 
+-- States of the script's own time under one list with one fill are one value with one
+-- TTL (keys charged from empty by the same cost, say): one that repeats the state before
+-- it is not encoded again.
+local ls, lf, lv, lt
 -- PSETEX rather than SET .. PX: one argument fewer for Redis to parse, the same effect.
-for j = 1, #KEYS do
-  local ttl = W[j]
-  if ttl ~= nil then
-    local v = val[j]
-    if v == nil then v, ttl = encode(j) end
-    if v then
-      redis.call('PSETEX', KEYS[j], ttl, v)
+for j = 1, #K do
+  local s = N[j]
+  if s then
+    local f = F[j]
+    if s > 0 then
+      if f ~= lf or s ~= ls then
+        -- px(f, 0) and encode(j), written out: a call of a Lua function costs more than
+        -- its body here.
+        local n = f + 999999
+        local ms = n / 1000000
+        ms = ms - ms % 1
+        if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
+        lt = PX[ms]
+        if not lt then
+          lt = string.format('%d', ms)
+          PX[ms] = lt
+        end
+        ls, lf, lv = s, f, pack('<dddd', clock, LT[s], LC[s], f)
+      end
+      call('PSETEX', K[j], lt, lv)
     else
-      redis.call('DEL', KEYS[j])
+      local v, t = encode(j)
+      call('PSETEX', K[j], t, v)
+    end
+  else
+    local w = W[j]
+    if w then
+      call('PSETEX', K[j], w, val[j])
+    elseif w == false then
+      call('DEL', K[j])
     end
   end
 end
