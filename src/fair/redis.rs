@@ -166,8 +166,10 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 // The key's bytes hashed: API keys and addresses stay out of SCAN output.
                 let mut material = Vec::new();
                 k.write_key(&mut material);
-                let digest = sha1_smol::Sha1::from(&material).digest().to_string();
-                key_key.extend_from_slice(digest.as_bytes());
+                keys::push_hex(
+                    &mut key_key,
+                    &sha1_smol::Sha1::from(&material).digest().bytes(),
+                );
             }
             None => key_key.extend_from_slice(b"-"),
         }

@@ -54,13 +54,24 @@ pub(crate) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: 
     key.write_key(&mut out);
     let material = &out[start..];
     if !readable || material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
-        let digest = sha1_smol::Sha1::from(material).digest().to_string();
+        let digest = sha1_smol::Sha1::from(material).digest().bytes();
         out.truncate(start);
         out.push(b'#');
-        out.extend_from_slice(digest.as_bytes());
+        push_hex(&mut out, &digest);
     }
     out.push(b'}');
     out
+}
+
+/// Appends `bytes` in lowercase hex: what a digest's `Display` writes, without the
+/// formatting machinery (a `String` and a formatter call per byte).
+pub(crate) fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2);
+    for &b in bytes {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 15)]);
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +120,16 @@ mod tests {
             "{k}"
         );
         assert_ne!(redis_key(&p, "a b", true), redis_key(&p, "a  b", true));
+    }
+
+    #[test]
+    fn hex_is_what_a_digest_displays() {
+        for input in ["", "a", "sk_live_abc123", "\u{ff}\u{0}"] {
+            let digest = sha1_smol::Sha1::from(input).digest();
+            let mut out = b"x".to_vec();
+            push_hex(&mut out, &digest.bytes());
+            assert_eq!(out, format!("x{digest}").into_bytes(), "{input:?}");
+        }
     }
 
     #[test]
