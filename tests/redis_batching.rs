@@ -181,6 +181,69 @@ async fn a_batch_writes_each_key_under_its_own_limits() {
     }
 }
 
+/// Once 32 requests have queued behind a batch call in flight, they go out as a second
+/// call without waiting for it, and no third goes out while two are in flight. With the
+/// server stopped: a request's own call (given up after 50 ms), then a batch of the 100
+/// requests queued behind it, then 70 more requests: the first 32 of them go out as a
+/// second call and the other 38 wait for the batch, four calls in all (three without a
+/// second call, five with a third); each request is charged once, the 100 before the 70.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_queued_behind_a_batch_go_out_as_a_second_call_and_no_third() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let limit = Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(200).unwrap()).unwrap();
+    let store = RedisStore::builder(limit.clone())
+        .deadline(Duration::from_secs(30))
+        .build(conn.clone())
+        .unwrap();
+    // Shares the connection, and so its batcher.
+    let hasty = RedisStore::builder(limit)
+        .deadline(Duration::from_millis(50))
+        .build(conn)
+        .unwrap();
+    // Loads both scripts: the plain one, then the batch one (requests behind a call).
+    let mut tasks = JoinSet::new();
+    for i in 0..20 {
+        let store = store.clone();
+        tasks.spawn(async move { store.check(&format!("warm{i}"), 1).await.unwrap() });
+    }
+    while tasks.join_next().await.is_some() {}
+    let before = server.calls("evalsha");
+    server.stop();
+    let first = tokio::spawn(async move { hasty.check("other", 1).await });
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let spawn = |tasks: &mut JoinSet<_>, n, group| {
+        for _ in 0..n {
+            let store = store.clone();
+            tasks.spawn(async move { (group, store.check("hot", 1).await.unwrap()) });
+        }
+    };
+    let mut tasks = JoinSet::new();
+    spawn(&mut tasks, 100, 0);
+    // The first call is given up: the 100 go out as a batch, which stalls too.
+    first.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    spawn(&mut tasks, 70, 1);
+    // The server runs again before the connection's own response timeout (500 ms).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.cont();
+    let mut remaining = [Vec::new(), Vec::new()];
+    while let Some(r) = tasks.join_next().await {
+        let (group, d) = r.unwrap();
+        assert_eq!(d.source(), Source::Store);
+        remaining[group].push(d.remaining());
+    }
+    for r in &mut remaining {
+        r.sort_unstable();
+    }
+    // The first 100 charged first, then the 70 (in their two calls).
+    assert_eq!(remaining[0], (100..200).collect::<Vec<_>>());
+    assert_eq!(remaining[1], (30..100).collect::<Vec<_>>());
+    assert_eq!(server.calls("evalsha") - before, 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
     let Some(server) = RedisServer::start() else {

@@ -3,16 +3,25 @@
 //!
 //! A request that finds the connection's batcher idle goes out at once, alone, as the
 //! plain script call it would be without batching, made from the caller's own task, so an
-//! idle caller never waits for a batch. Requests made while a call is in flight queue; when it completes, the queue goes
-//! out as ONE call of the batch script (at most [`MAX_BATCH`] requests; more wait for the
-//! next), which decides them in arrival order on the server, and each caller gets its own
-//! reply. One call is in flight at a time: the calls of a connection reach Redis in the
-//! order their requests were made.
+//! idle caller never waits for a batch. Requests made while a call is in flight queue; when
+//! it completes, the queue goes out as ONE call of the batch script (at most
+//! [`MAX_BATCH`] requests; more wait for the next), which decides them in arrival order on
+//! the server, and each caller gets its own reply.
 //!
-//! Queued requests are sent by a task spawned when the call in flight ends with something
-//! queued, which runs while there is; a queued caller waits for its reply under its own
-//! deadline, and a request whose caller stopped waiting before its batch left is not
-//! sent.
+//! Once [`SECOND_CALL_AT`] requests have queued behind a batch call, they go out as a
+//! second call without waiting for the first: while Redis decides one batch, the callers of
+//! the other are answered and ask again, so client and server work at once instead of
+//! taking turns. At most two calls are in flight, each one command of the batch script
+//! (never beside a request's own call, which may take two), and the commands of one
+//! connection reach Redis in the order they are sent: requests are decided in the order
+//! they were made. One exception: when Redis has lost the script (a restart, `SCRIPT
+//! FLUSH`), two calls in flight are both refused and sent again, in either order; their
+//! requests were all made before either was answered, so either order is one they could
+//! have run in.
+//!
+//! Queued requests are sent by tasks spawned for their batch; a queued caller waits for
+//! its reply under its own deadline, and a request whose caller stopped waiting before its
+//! batch left is not sent.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -32,6 +41,10 @@ use crate::error::StoreError;
 pub(super) const MAX_BATCH: usize = 128;
 // A batch names each request's key and list of limits by an index below 256.
 const _: () = assert!(MAX_BATCH < 256);
+
+/// Requests queued behind a call in flight that go out as a second call without waiting
+/// for it: enough that the second call is still a batch worth its overhead.
+pub(super) const SECOND_CALL_AT: usize = 32;
 
 /// What one request asks of Redis.
 pub(super) enum Call {
@@ -62,8 +75,11 @@ struct Pending {
 
 #[derive(Default)]
 struct State {
-    /// Whether a task is making calls (then new requests queue).
-    busy: bool,
+    /// Calls in flight (0 to 2); while there is one, new requests queue.
+    calls: u8,
+    /// Whether the call in flight is a request's own, made at once: it may take two
+    /// commands (the plain script, then the general one), so nothing goes out beside it.
+    alone: bool,
     queue: VecDeque<Pending>,
 }
 
@@ -87,7 +103,7 @@ impl Batcher {
     ) -> Reply {
         let queued = {
             let mut state = self.state();
-            if state.busy {
+            if state.calls > 0 {
                 // A stalled call keeps the queue growing: requests whose callers gave up
                 // are dropped now and then rather than at the next batch only.
                 if state.queue.len() >= 8 * MAX_BATCH {
@@ -95,9 +111,13 @@ impl Batcher {
                 }
                 let (tx, rx) = oneshot::channel();
                 state.queue.push_back(Pending { request, reply: tx });
+                if state.calls == 1 && !state.alone && state.queue.len() >= SECOND_CALL_AT {
+                    self.launch(&mut state, conn);
+                }
                 Ok(rx)
             } else {
-                state.busy = true;
+                state.calls = 1;
+                state.alone = true;
                 Err(request)
             }
         };
@@ -116,32 +136,40 @@ impl Batcher {
         };
         let reply = one(&mut conn.clone(), &request).await;
         hand_off.done = true;
-        self.hand_off(conn);
+        self.finished(conn);
         reply
     }
 
-    /// After a call: idle again if nothing queued meanwhile, otherwise a task sends the
-    /// queue.
-    fn hand_off(self: &Arc<Self>, conn: &ConnectionManager) {
+    /// After a call: the queue goes out as the next call if nothing else is in flight, or
+    /// as a second one once it is long enough; idle again when nothing is left.
+    fn finished(self: &Arc<Self>, conn: &ConnectionManager) {
         let mut state = self.state();
-        if state.queue.is_empty() {
-            state.busy = false;
-            return;
-        }
-        let n = state.queue.len().min(MAX_BATCH);
-        let items: Vec<Pending> = state.queue.drain(..n).collect();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                drop(state);
-                rt.spawn(drive(self.clone(), conn.clone(), items));
+        state.calls -= 1;
+        state.alone = false;
+        while !state.queue.is_empty()
+            && (state.calls == 0 || (state.calls == 1 && state.queue.len() >= SECOND_CALL_AT))
+        {
+            if !self.launch(&mut state, conn) {
+                return;
             }
-            // No runtime left to run it (the caller's future dropped during shutdown):
-            // the queued callers get an error.
-            Err(_) => {
-                state.busy = false;
+        }
+    }
+
+    /// Sends the head of the queue as one call, from a task of its own; `false` (and the
+    /// queue dropped, its callers getting an error) when no runtime is left to run it:
+    /// the caller's future was dropped during shutdown.
+    fn launch(self: &Arc<Self>, state: &mut State, conn: &ConnectionManager) -> bool {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            if state.calls == 0 {
                 state.queue.clear();
             }
-        }
+            return false;
+        };
+        let n = state.queue.len().min(MAX_BATCH);
+        let items: Vec<Pending> = state.queue.drain(..n).collect();
+        state.calls += 1;
+        rt.spawn(send(self.clone(), conn.clone(), items));
+        true
     }
 }
 
@@ -156,67 +184,57 @@ struct HandOff<'a> {
 impl Drop for HandOff<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.batcher.hand_off(self.conn);
+            self.batcher.finished(self.conn);
         }
     }
 }
 
-/// Marks the batcher idle again if its task is dropped mid-call (its runtime shutting
-/// down); the queued requests are dropped with it, and their callers get an error.
-struct Idle<'a> {
+/// Counts a batch task's call as ended if the task is dropped mid-call (its runtime
+/// shutting down); with no call left in flight, the queued requests are dropped with it,
+/// and their callers get an error.
+struct Ended<'a> {
     batcher: &'a Batcher,
     done: bool,
 }
 
-impl Drop for Idle<'_> {
+impl Drop for Ended<'_> {
     fn drop(&mut self) {
         if !self.done {
             let mut state = self.batcher.state();
-            state.busy = false;
-            state.queue.clear();
+            state.calls -= 1;
+            if state.calls == 0 {
+                state.queue.clear();
+            }
         }
     }
 }
 
-/// Makes calls until the queue is empty: `items`, then each batch queued meanwhile.
-async fn drive(batcher: Arc<Batcher>, mut conn: ConnectionManager, mut items: Vec<Pending>) {
-    let mut idle = Idle {
+/// Makes one call for `items` and answers their callers.
+async fn send(batcher: Arc<Batcher>, mut conn: ConnectionManager, mut items: Vec<Pending>) {
+    let mut ended = Ended {
         batcher: &batcher,
         done: false,
     };
-    loop {
-        // A caller that stopped waiting (its deadline passed) has had the failure
-        // policy's decision: its request is not sent.
-        items.retain(|p| !p.reply.is_closed());
-        let woken = items.len();
-        if woken == 1 {
-            if let Some(p) = items.pop() {
-                let reply = one(&mut conn, &p.request).await;
-                let _ = p.reply.send(reply);
-            }
-        } else if woken > 1 {
-            let replies = batch(&mut conn, &items).await;
-            for (i, p) in items.drain(..).enumerate() {
-                let reply = match &replies {
-                    Ok(r) => r.get(i).cloned().unwrap_or_else(|| Err(short())),
-                    Err(e) => Err(e.clone()),
-                };
-                let _ = p.reply.send(reply);
-            }
-            // The callers just answered usually ask again at once: let them queue before
-            // looking, so that the next batch takes them all rather than leaving them
-            // behind a call made for the first one alone.
-            tokio::task::yield_now().await;
+    // A caller that stopped waiting (its deadline passed) has had the failure policy's
+    // decision: its request is not sent. Even a lone request goes as a batch: one command,
+    // so that a second call may go out behind it.
+    items.retain(|p| !p.reply.is_closed());
+    if !items.is_empty() {
+        let replies = batch(&mut conn, &items).await;
+        for (i, p) in items.drain(..).enumerate() {
+            let reply = match &replies {
+                Ok(r) => r.get(i).cloned().unwrap_or_else(|| Err(short())),
+                Err(e) => Err(e.clone()),
+            };
+            let _ = p.reply.send(reply);
         }
-        let mut state = batcher.state();
-        if state.queue.is_empty() {
-            state.busy = false;
-            idle.done = true;
-            return;
-        }
-        let n = state.queue.len().min(MAX_BATCH);
-        items = state.queue.drain(..n).collect();
+        // The callers just answered usually ask again at once: let them queue before
+        // looking, so that the next batch takes them all rather than leaving them behind
+        // a call made for the first one alone.
+        tokio::task::yield_now().await;
     }
+    ended.done = true;
+    batcher.finished(&conn);
 }
 
 fn short() -> StoreError {
@@ -224,8 +242,8 @@ fn short() -> StoreError {
 }
 
 /// A request on its own: the plain script call (and, when the fast script finds a state
-/// written under other limits, the general one right after it, before any later
-/// request), or a `DEL`. Also how an unbatched store sends every request.
+/// written under other limits, the general one right after it), or a `DEL`. Also how an
+/// unbatched store sends every request.
 pub(super) async fn one<C: redis::aio::ConnectionLike>(conn: &mut C, request: &Request) -> Reply {
     let backend = StoreError::backend;
     match &request.call {

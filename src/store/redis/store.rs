@@ -267,7 +267,9 @@ impl RedisStoreBuilder {
     /// finds no call of its connection in flight goes out at once, alone, as without
     /// batching, so an idle caller never waits; requests made while a call is in flight
     /// queue and go out together, up to 128 in one call of a batch script that decides
-    /// them in arrival order, each exactly as its own call would be. Each request keeps
+    /// them in arrival order, each exactly as its own call would be; once 32 wait behind
+    /// a batch call, they go out as a second one without waiting for it (at most two in
+    /// flight, so client and server work at once under load). Each request keeps
     /// its own deadline, counts in the circuit breaker on its own and gets the failure
     /// policy on its own; a failed batch call fails each request in it. On a Redis
     /// Cluster connection calls are never batched (the keys of one call would have to
