@@ -42,7 +42,10 @@ use std::{
 };
 
 use criterion::{criterion_group, Criterion};
-use governor::{clock::Clock as _, DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
+use governor::{
+    clock::{Clock as _, Reference as _},
+    DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter,
+};
 use tollgate::{clock::Clock as _, store::MemoryStore, Limit, Quota};
 
 /// This thread's CPU time. Batches are timed with it, not with the wall clock: on a
@@ -270,6 +273,41 @@ fn clocks() -> (Batch, Batch) {
     )
 }
 
+/// Each clock read once per step of a loop that misses the cache and makes a
+/// compare-and-swap per step (64 MB of cells visited in stride order), as a check on many
+/// keys does: tokio's clock, whose counter read waits for every earlier load, against
+/// quanta's, which lets the next steps' misses overlap.
+fn clocks_between_misses() -> (Batch, Batch) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const CELLS: usize = 1 << 23;
+    fn walk(cells: &[AtomicU64], k: &mut usize, n: u64, now: impl Fn() -> u64) -> Duration {
+        let start = cpu();
+        for _ in 0..n {
+            let cell = &cells[*k];
+            let old = cell.load(Ordering::Acquire);
+            let t = now();
+            let _ =
+                cell.compare_exchange_weak(old, old.max(t), Ordering::AcqRel, Ordering::Acquire);
+            *k = (*k + STRIDE as usize) & (CELLS - 1);
+        }
+        cpu() - start
+    }
+    let cells: Arc<[AtomicU64]> = (0..CELLS).map(|_| AtomicU64::new(0)).collect();
+    let theirs_cells = Arc::clone(&cells);
+    let ours = tollgate::clock::TokioClock::new();
+    let theirs = governor::clock::DefaultClock::default();
+    let t0 = theirs.now();
+    let (mut a, mut b) = (0, 0);
+    (
+        Box::new(move |n| walk(&cells, &mut a, n, || ours.now())),
+        Box::new(move |n| {
+            walk(&theirs_cells, &mut b, n, || {
+                theirs.now().duration_since(t0).as_u64()
+            })
+        }),
+    )
+}
+
 /// `std::time::Instant::elapsed` against governor's default clock.
 fn std_clock() -> (Batch, Batch) {
     let ours = Instant::now();
@@ -337,6 +375,7 @@ fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
         ("2thr/hot/deny", || threaded(Mode::Deny, 1)),
         ("2thr/spread/allow", || threaded(Mode::Allow, KEYS)),
         ("clock/now", clocks),
+        ("clock/between-misses", clocks_between_misses),
         ("clock/std-instant", std_clock),
         ("hash/ipv4", hashes),
     ];

@@ -109,7 +109,8 @@ impl<X, St> Shared<X, St> {
         let message =
             is_grpc.then_some("Request quota exceeded; retry after the delay in RetryInfo.");
         let wait = Duration::from_nanos(d.retry_after);
-        let mut r = quota_refusal(self.body.clone(), message, Some(wait));
+        // `RateLimit-Policy` and `RateLimit` follow.
+        let mut r = quota_refusal(Some(self.body.clone()), message, Some(wait), 2);
         let h = r.headers_mut();
         self.apply(h, share, d);
         r

@@ -166,10 +166,7 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 // The key's bytes hashed: API keys and addresses stay out of SCAN output.
                 let mut material = Vec::new();
                 k.write_key(&mut material);
-                keys::push_hex(
-                    &mut key_key,
-                    &sha1_smol::Sha1::from(&material).digest().bytes(),
-                );
+                keys::push_sha1_hex(&mut key_key, &material);
             }
             None => key_key.extend_from_slice(b"-"),
         }

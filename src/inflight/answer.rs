@@ -131,7 +131,8 @@ impl Answers {
         let message = grpc.then_some(
             "Too many requests of this client are in flight; retry when one has finished.",
         );
-        let mut r = quota_refusal(self.body.clone(), message, Some(RETRY_AFTER));
+        // `RateLimit-Policy` and `RateLimit` follow.
+        let mut r = quota_refusal(Some(self.body.clone()), message, Some(RETRY_AFTER), 2);
         self.apply(r.headers_mut(), 0);
         r
     }

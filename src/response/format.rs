@@ -529,32 +529,19 @@ impl Fields {
     }
 
     /// The refusal without a rejection closure: a fresh response, so every field is
-    /// inserted without looking for one already there, into a map sized for them.
+    /// inserted without looking for one already there.
     fn standard_refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
-        let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
-        let body = if !a.problem {
-            Bytes::new()
-        } else if matches!(d.outcome(), Outcome::Exceeds) {
-            self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone()
-        } else {
-            self.bodies[mask.min(self.bodies.len() - 1)].clone()
-        };
-        let wait = d.retry_after();
+        let body = a.problem.then(|| {
+            let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
+            let bodies = match d.outcome() {
+                Outcome::Exceeds => &self.exceeds_bodies,
+                _ => &self.bodies,
+            };
+            bodies[mask.min(bodies.len() - 1)].clone()
+        });
         let fields = self.headers(a, d, shadow);
-        let mut r = Response::new(body);
-        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        let h = r.headers_mut();
-        // One allocation of the exact size: a map of up to six fields stays below the
-        // allocator's small-size caches' limit, which a larger one would miss.
-        h.reserve(1 + usize::from(a.problem) + usize::from(wait.is_some()) + fields.len());
-        if a.problem {
-            h.insert(CONTENT_TYPE, PROBLEM_JSON);
-        }
-        h.insert(CACHE_CONTROL, NO_STORE);
-        if let Some(wait) = wait {
-            h.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));
-        }
-        fields.apply(h);
+        let mut r = quota_refusal(body, None, d.retry_after(), fields.len());
+        fields.apply(r.headers_mut());
         r
     }
 
@@ -568,35 +555,47 @@ impl Fields {
             }
             _ => "Request quota exceeded; retry after the delay in RetryInfo.",
         };
-        let mut r = quota_refusal(Bytes::new(), Some(message), d.retry_after());
-        self.headers(a, d, shadow).apply(r.headers_mut());
+        let fields = self.headers(a, d, shadow);
+        let mut r = quota_refusal(None, Some(message), d.retry_after(), fields.len());
+        fields.apply(r.headers_mut());
         r
     }
 }
 
-/// A quota refusal before its rate-limit fields: `429` with `body` as a problem body, or,
-/// given a gRPC `message`, `RESOURCE_EXHAUSTED` with the delay in a `RetryInfo`; either
-/// way `Cache-Control: no-store` and `Retry-After` (the wait rounded up) when there is a
-/// wait. Shared by every layer's refusal.
+/// A quota refusal before its rate-limit fields: `429` with `body` as a problem body
+/// (none: an empty body without a content type), or, given a gRPC `message`,
+/// `RESOURCE_EXHAUSTED` with the delay in a `RetryInfo`; either way `Cache-Control:
+/// no-store` and `Retry-After` (the wait rounded up) when there is a wait. The header map
+/// is sized once for these and the `more` fields the caller adds next (a map of up to six
+/// stays below the allocator's small-size caches' limit). Shared by every layer's
+/// refusal.
+#[inline]
 pub(crate) fn quota_refusal(
-    body: Bytes,
+    body: Option<Bytes>,
     grpc_message: Option<&str>,
     wait: Option<Duration>,
+    more: usize,
 ) -> Response<Bytes> {
+    let room = 1 + usize::from(wait.is_some()) + more;
     let mut r = match grpc_message {
-        Some(message) => grpc::status(grpc::Code::ResourceExhausted, message, wait),
+        Some(message) => {
+            let mut r = grpc::status(grpc::Code::ResourceExhausted, message, wait);
+            r.headers_mut().reserve(room);
+            r
+        }
         None => {
-            let mut r = Response::new(body);
+            let problem = body.is_some();
+            let mut r = Response::new(body.unwrap_or_default());
             *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            // Room for these fields and the two the layer adds next (`RateLimit-Policy`,
-            // `RateLimit`): six at most, the largest map of the smallest allocation.
-            r.headers_mut().reserve(5);
-            r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+            let h = r.headers_mut();
+            h.reserve(room + usize::from(problem));
+            if problem {
+                h.insert(CONTENT_TYPE, PROBLEM_JSON);
+            }
             r
         }
     };
     let h = r.headers_mut();
-    h.reserve(4);
     h.insert(CACHE_CONTROL, NO_STORE);
     if let Some(wait) = wait {
         h.insert(RETRY_AFTER, seconds_value(retry_after_secs(wait)));

@@ -38,13 +38,13 @@ use super::{
 use crate::error::StoreError;
 
 /// Most requests in one batch call.
-pub(super) const MAX_BATCH: usize = 128;
+const MAX_BATCH: usize = 128;
 // A batch names each request's key and list of limits by an index below 256.
 const _: () = assert!(MAX_BATCH < 256);
 
 /// Requests queued behind a call in flight that go out as a second call without waiting
 /// for it: enough that the second call is still a batch worth its overhead.
-pub(super) const SECOND_CALL_AT: usize = 32;
+const SECOND_CALL_AT: usize = 32;
 
 /// What one request asks of Redis.
 pub(super) enum Call {

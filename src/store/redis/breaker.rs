@@ -116,14 +116,12 @@ impl Breaker {
             Err(_) => Err(StoreError::Timeout(deadline)),
         };
         guard.done = true;
-        let before = self.state();
-        match &result {
+        let change = match &result {
             Ok(_) => self.success(permit),
             Err(e) => self.failure(permit, e),
-        }
-        let after = self.state();
-        if after != before {
-            changed(after);
+        };
+        if let Some(state) = change {
+            changed(state);
         }
         result
     }
@@ -172,18 +170,21 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn success(&self, permit: Permit) {
+    /// A permitted call that succeeded; the state it moved the breaker to, if it did.
+    pub(crate) fn success(&self, permit: Permit) -> Option<BreakerState> {
         if permit == Permit::Call && self.clean.load(Ordering::Acquire) {
-            return; // nothing to reset
+            return None; // nothing to reset
         }
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         i.failures = 0;
-        if permit == Permit::Probe {
+        let change = (permit == Permit::Probe).then(|| {
             i.probe_in_flight = false;
             i.state = BreakerState::Closed;
             tracing::info!(target: "tollgate::redis", "circuit breaker closed: Redis answers again");
-        }
+            BreakerState::Closed
+        });
         self.publish(&i);
+        change
     }
 
     /// A permitted call that never finished (its future was dropped).
@@ -196,7 +197,12 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self, permit: Permit, what: &dyn std::fmt::Display) {
+    /// A permitted call that failed; the state it moved the breaker to, if it did.
+    pub(crate) fn failure(
+        &self,
+        permit: Permit,
+        what: &dyn std::fmt::Display,
+    ) -> Option<BreakerState> {
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         self.clean.store(false, Ordering::Release);
         if permit == Permit::Probe {
@@ -204,20 +210,22 @@ impl Breaker {
             i.state = BreakerState::Open;
             i.opened_at = self.clock.now();
             tracing::warn!(target: "tollgate::redis", error = %what, "circuit breaker re-opened: probe failed");
-            return;
+            return Some(BreakerState::Open);
         }
         i.failures = i.failures.saturating_add(1);
-        if i.state == BreakerState::Closed && i.failures >= self.threshold {
-            i.state = BreakerState::Open;
-            i.opened_at = self.clock.now();
-            tracing::warn!(
-                target: "tollgate::redis",
-                error = %what,
-                failures = i.failures,
-                cooldown = ?self.cooldown,
-                "circuit breaker opened: Redis is not called until the cooldown has passed"
-            );
+        if i.state != BreakerState::Closed || i.failures < self.threshold {
+            return None;
         }
+        i.state = BreakerState::Open;
+        i.opened_at = self.clock.now();
+        tracing::warn!(
+            target: "tollgate::redis",
+            error = %what,
+            failures = i.failures,
+            cooldown = ?self.cooldown,
+            "circuit breaker opened: Redis is not called until the cooldown has passed"
+        );
+        Some(BreakerState::Open)
     }
 }
 
@@ -245,10 +253,10 @@ mod tests {
         let clock = crate::clock::ManualClock::new();
         let b = Breaker::new(2, Duration::from_millis(30), Arc::new(clock.clone()));
         let p = b.permit().unwrap();
-        b.failure(p, &"x");
+        assert_eq!(b.failure(p, &"x"), None);
         assert_eq!(b.state(), BreakerState::Closed);
         let p = b.permit().unwrap();
-        b.failure(p, &"x");
+        assert_eq!(b.failure(p, &"x"), Some(BreakerState::Open));
         assert_eq!(b.state(), BreakerState::Open);
         assert!(b.permit().is_none());
         clock.advance(Duration::from_millis(29));
@@ -263,12 +271,13 @@ mod tests {
         let probe = b.permit().unwrap();
         assert_eq!(probe, Permit::Probe);
         assert!(b.permit().is_none(), "one probe at a time");
-        b.failure(probe, &"x");
+        assert_eq!(b.failure(probe, &"x"), Some(BreakerState::Open));
         assert_eq!(b.state(), BreakerState::Open);
         clock.advance(Duration::from_millis(30));
         let probe = b.permit().unwrap();
-        b.success(probe);
+        assert_eq!(b.success(probe), Some(BreakerState::Closed));
         assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.success(Permit::Call), None);
         assert_eq!(b.permit(), Some(Permit::Call));
     }
 }

@@ -63,9 +63,14 @@ pub(crate) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: 
     out
 }
 
+/// Appends the SHA-1 of `material` in lowercase hex: how key names hide a key's bytes.
+pub(crate) fn push_sha1_hex(out: &mut Vec<u8>, material: &[u8]) {
+    push_hex(out, &sha1_smol::Sha1::from(material).digest().bytes());
+}
+
 /// Appends `bytes` in lowercase hex: what a digest's `Display` writes, without the
 /// formatting machinery (a `String` and a formatter call per byte).
-pub(crate) fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.reserve(bytes.len() * 2);
     for &b in bytes {

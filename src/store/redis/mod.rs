@@ -89,8 +89,10 @@
 //! enters Lua once, reads `TIME` once, reads every key with one `MGET` and writes each
 //! key once at the end (its last state and TTL: time stands still inside a script, so
 //! that is the state the separate calls would have left); each key and each list of
-//! limits is sent once, and the requests travel in one binary argument. One call per connection is in flight
-//! at a time, so a connection's calls reach Redis in the order their requests were made.
+//! limits is sent once, and the requests travel in one binary argument. Once 32 requests
+//! wait behind a batch call, they go out as a second call without waiting for it; at most
+//! two calls are in flight, each one command, and a connection's commands reach Redis in
+//! the order they are sent, so requests are decided in the order they were made.
 //!
 //! Deadline, breaker and failure policy stay per request: each caller waits under its
 //! own deadline (a reply arriving after it is ignored, and a request whose caller gave up

@@ -45,6 +45,8 @@ if raw then
     return { 3 }
   end
   if d ~= t or c ~= cap then return { 3 } end
+  -- script_batch.lua repeats these steps inline (a function call per request costs more
+  -- there); a change here goes there too, and redis_semantics.rs compares both paths.
   if at <= now then
     local back = (now - at) * 1000
     if back < f then fill = f - back end
