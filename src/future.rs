@@ -25,7 +25,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::{decision::Decision, error::StoreError, store::CheckFuture};
+use crate::{decision::Decision, error::StoreError, limiter::Begin, store::CheckFuture};
 
 const POLLED_AFTER_DONE: &str =
     "tollgate: response future polled after it completed (or after the inner service panicked)";
@@ -67,12 +67,6 @@ pub(crate) enum Next<O, H> {
 /// Turns a store's answer into the next step (built on the slow path only).
 pub(crate) type Continuation<Req, O, H> =
     Box<dyn FnOnce(Result<Decision, StoreError>, &mut Req) -> Next<O, H> + Send>;
-
-/// What the machine yields: the inner result with its extra, or an early answer.
-pub(crate) enum Finished<R, E, O, H> {
-    Inner(Result<R, E>, Option<H>),
-    Early(O),
-}
 
 pin_project! {
     /// The state machine; wrapped by the public futures.
@@ -216,28 +210,58 @@ impl<S, Req, O, H> Machine<S, Req, S::Future, O, H>
 where
     S: Service<Req>,
 {
-    pub(crate) fn refused(out: O) -> Self {
-        Machine::Refused { out }
-    }
-
-    #[inline]
-    pub(crate) fn calling(future: S::Future, extra: Option<H>) -> Self {
-        Machine::Calling { future, extra }
-    }
-
-    /// The state for a decided request: refused, called at once, or queued. Inlined into
-    /// `call`, so an admitted request moves once, into the inner call; the queue's state
-    /// is built out of line.
+    /// A service's response future for `begin`'s answer, `wrap` making it from the
+    /// state: refused, called at once, queued, or waiting for the store. Inlined into
+    /// `call`. A request called at once is returned from its own branch, so its inner
+    /// future is written once, into the caller's future, not into a state first.
     #[inline(always)]
-    pub(crate) fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
+    pub(crate) fn start<T>(
+        begin: Begin<Req, O, H>,
+        inner: &mut S,
+        req: Req,
+        wrap: impl FnOnce(Self) -> T,
+    ) -> T
+    where
+        S: Clone,
+    {
+        let machine = match begin {
+            // A zero wait has no refund to arm (only a queued request can be dropped
+            // before its turn); matching it as `None` spares the guard's drop.
+            Begin::Now(Next::Proceed {
+                wait,
+                extra,
+                refund: None,
+            }) if wait.is_zero() => {
+                return wrap(Machine::Calling {
+                    future: inner.call(req),
+                    extra,
+                })
+            }
+            Begin::Unlimited => {
+                return wrap(Machine::Calling {
+                    future: inner.call(req),
+                    extra: None,
+                })
+            }
+            Begin::Now(next) => Self::from_next(next, inner, req),
+            Begin::Later(check, then) => Self::checking(check, then, take_ready(inner), req),
+        };
+        wrap(machine)
+    }
+
+    /// The state for a request decided otherwise than admitted at once: refused, or
+    /// queued (its state built out of line).
+    #[inline(always)]
+    fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
     where
         S: Clone,
     {
         match next {
-            Next::Refuse(out) => Machine::refused(out),
-            Next::Proceed { wait, extra, .. } if wait.is_zero() => {
-                Machine::calling(inner.call(req), extra)
-            }
+            Next::Refuse(out) => Machine::Refused { out },
+            Next::Proceed { wait, extra, .. } if wait.is_zero() => Machine::Calling {
+                future: inner.call(req),
+                extra,
+            },
             Next::Proceed {
                 wait,
                 extra,
@@ -281,36 +305,42 @@ where
         }
     }
 
+    /// Polls to the end: `inner` makes the output from the inner service's result and
+    /// the extra, `early` from an answer given without calling it. Taking the two as
+    /// closures lets an admitted response move once, from the inner future into the
+    /// caller's output, instead of through an intermediate enum.
     #[inline]
-    pub(crate) fn poll_machine(
+    pub(crate) fn poll_machine<T>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Finished<S::Response, S::Error, O, H>> {
+        inner: impl FnOnce(Result<S::Response, S::Error>, Option<H>) -> T,
+        early: impl FnOnce(O) -> T,
+    ) -> Poll<T> {
         loop {
             match self.as_mut().project() {
+                MachineProj::Calling { future, extra } => {
+                    let result = ready!(future.poll(cx));
+                    let extra = extra.take();
+                    self.set(Machine::Done);
+                    return Poll::Ready(inner(result, extra));
+                }
                 MachineProj::Refused { .. } => {
                     let MachineOwned::Refused { out } = self.project_replace(Machine::Done) else {
                         unreachable!("the state was Refused")
                     };
-                    return Poll::Ready(Finished::Early(out));
+                    return Poll::Ready(early(out));
                 }
                 MachineProj::Slow { slow } => match ready!(slow.as_mut().poll_slow(cx)) {
                     SlowDone::Call(future, extra) => self.set(Machine::Calling { future, extra }),
                     SlowDone::Refuse(o) => {
                         self.set(Machine::Done);
-                        return Poll::Ready(Finished::Early(o));
+                        return Poll::Ready(early(o));
                     }
                     SlowDone::Failed(e, extra) => {
                         self.set(Machine::Done);
-                        return Poll::Ready(Finished::Inner(Err(e), extra));
+                        return Poll::Ready(inner(Err(e), extra));
                     }
                 },
-                MachineProj::Calling { future, extra } => {
-                    let result = ready!(future.poll(cx));
-                    let extra = extra.take();
-                    self.set(Machine::Done);
-                    return Poll::Ready(Finished::Inner(result, extra));
-                }
                 MachineProj::Done => panic!("{POLLED_AFTER_DONE}"),
             }
         }

@@ -7,7 +7,7 @@ use std::{
     hash::Hash,
     pin::Pin,
     sync::Arc,
-    task::{ready, Context, Poll},
+    task::{Context, Poll},
 };
 
 use bytes::Bytes;
@@ -20,10 +20,10 @@ use crate::{
     access::Access,
     cost::Cost,
     error::StoreError,
-    future::{take_ready, Finished, Machine},
+    future::Machine,
     key::{KeyExtractor, RequestHead},
     layer::{DecisionEvent, Hook},
-    limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
+    limiter::{Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     response::{
         grpc, own_answer, Answers, Extra, Fields, Pending, RateLimitBody, ResponseHead,
@@ -247,9 +247,10 @@ where
     type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.project().machine.poll_machine(cx)) {
-            Finished::Inner(Ok(response), extra) => {
-                let mut response = response.map(RateLimitBody::inner);
+        self.project().machine.poll_machine(
+            cx,
+            |result, extra| {
+                let mut response = result?.map(RateLimitBody::inner);
                 if let Some(mut h) = extra {
                     if let Some(pending) = h.extra.as_mut().and_then(|x| x.settle.take()) {
                         pending.settle(&ResponseHead::of(&response));
@@ -257,10 +258,9 @@ where
                     h.apply(response.headers_mut());
                 }
                 Ok(response)
-            }
-            Finished::Inner(Err(e), _) => Err(e),
-            Finished::Early(response) => Ok((*response).map(RateLimitBody::full)),
-        })
+            },
+            |response| Ok((*response).map(RateLimitBody::full)),
+        )
     }
 }
 
@@ -285,13 +285,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let machine = match self.limiter.begin(&mut req) {
-            Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
-            Begin::Later(check, then) => {
-                Machine::checking(check, then, take_ready(&mut self.inner), req)
-            }
-            Begin::Unlimited => Machine::calling(self.inner.call(req), None),
-        };
-        ResponseFuture { machine }
+        let begin = self.limiter.begin(&mut req);
+        Machine::start(begin, &mut self.inner, req, |machine| ResponseFuture {
+            machine,
+        })
     }
 }

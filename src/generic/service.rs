@@ -6,7 +6,7 @@ use std::{
     hash::Hash,
     pin::Pin,
     sync::Arc,
-    task::{ready, Context, Poll},
+    task::{Context, Poll},
 };
 
 use http::StatusCode;
@@ -16,9 +16,9 @@ use tower_service::Service;
 use crate::{
     cost::Cost,
     error::{Denied, KeyMissing, RateLimited, StoreError},
-    future::{take_ready, Finished, Machine},
+    future::Machine,
     key::KeyExtractor,
-    limiter::{Begin, Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
+    limiter::{Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
     policy::Policy,
     store::Store,
     BoxError,
@@ -125,10 +125,9 @@ where
     type Output = Result<S::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.project().machine.poll_machine(cx)) {
-            Finished::Inner(result, _) => result.map_err(Into::into),
-            Finished::Early(e) => Err(e),
-        })
+        self.project()
+            .machine
+            .poll_machine(cx, |result, _| result.map_err(Into::into), Err)
     }
 }
 
@@ -152,13 +151,9 @@ where
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let machine = match self.limiter.begin(&mut req) {
-            Begin::Now(next) => Machine::from_next(next, &mut self.inner, req),
-            Begin::Later(check, then) => {
-                Machine::checking(check, then, take_ready(&mut self.inner), req)
-            }
-            Begin::Unlimited => Machine::calling(self.inner.call(req), None),
-        };
-        ResponseFuture { machine }
+        let begin = self.limiter.begin(&mut req);
+        Machine::start(begin, &mut self.inner, req, |machine| ResponseFuture {
+            machine,
+        })
     }
 }

@@ -11,7 +11,7 @@ use http::{
 };
 
 use super::{grpc, ResponseHead};
-use crate::{decision::Outcome, limiter::Settlement, Decision, Policy};
+use crate::{decision::Outcome, limiter::Settlement, Decision, Policy, MAX_LIMITS};
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -219,21 +219,27 @@ impl Extra {
     }
 }
 
-/// A `RateLimit` field value of one item (see [`StackBuf::push_item`]), formatted on the
-/// stack and copied once into the value.
+/// A `RateLimit` field value of one item, `"name";r=N;t=S` (`prefix` is `"name";r=`).
 pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> HeaderValue {
-    let mut buf = StackBuf::default();
-    buf.push_item(prefix, remaining, secs);
-    value_or_empty(buf.as_bytes())
+    let mut numbers = [itoa::Buffer::new(); 2];
+    let [r, t] = &mut numbers;
+    let (r, t) = (r.format(remaining), t.format(secs));
+    let mut v = Exact::new(prefix.len() + r.len() + 3 + t.len());
+    v.push(prefix);
+    v.push(r.as_bytes());
+    v.push(b";t=");
+    v.push(t.as_bytes());
+    v.value()
 }
 
-/// `prefix` followed by `n` (an item with one parameter, `"name";r=N`), formatted on the
-/// stack and copied once into the value.
+/// `prefix` followed by `n` (an item with one parameter, `"name";r=N`).
 pub(crate) fn prefixed_value(prefix: &[u8], n: u64) -> HeaderValue {
-    let mut buf = StackBuf::default();
-    buf.push(prefix);
-    buf.push(itoa::Buffer::new().format(n).as_bytes());
-    value_or_empty(buf.as_bytes())
+    let mut number = itoa::Buffer::new();
+    let n = number.format(n);
+    let mut v = Exact::new(prefix.len() + n.len());
+    v.push(prefix);
+    v.push(n.as_bytes());
+    v.value()
 }
 
 /// A header value from formatted bytes whose clones share one allocation.
@@ -267,67 +273,34 @@ pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
-/// A small on-stack buffer for header values; spills to the heap only past 256 bytes
-/// (four limits with long names). Pushing is inlined; only the spill is a call.
-struct StackBuf {
-    len: usize,
-    stack: [u8; 256],
-    heap: Vec<u8>,
-}
+/// A header value's bytes written once into an allocation of their exact length, which
+/// the value then owns: no buffer to clear, no copy, one allocation.
+struct Exact(Vec<u8>);
 
-impl Default for StackBuf {
-    fn default() -> Self {
-        StackBuf {
-            len: 0,
-            stack: [0; 256],
-            heap: Vec::new(),
-        }
-    }
-}
-
-impl StackBuf {
+impl Exact {
     #[inline]
-    fn push(&mut self, bytes: &[u8]) {
-        let end = self.len + bytes.len();
-        match self.stack.get_mut(self.len..end) {
-            Some(dst) if self.heap.is_empty() => dst.copy_from_slice(bytes),
-            _ => self.spill(bytes),
-        }
-        self.len = end;
-    }
-
-    #[cold]
-    fn spill(&mut self, bytes: &[u8]) {
-        if self.heap.is_empty() {
-            self.heap.extend_from_slice(&self.stack[..self.len]);
-        }
-        self.heap.extend_from_slice(bytes);
-    }
-
-    /// One `RateLimit` item: its prefix (`"name";r=`), the units left, `;t=` and the
-    /// seconds until the next unit.
-    #[inline]
-    fn push_item(&mut self, prefix: &[u8], remaining: u64, secs: u64) {
-        self.push(prefix);
-        self.push(itoa::Buffer::new().format(remaining).as_bytes());
-        self.push(b";t=");
-        self.push(itoa::Buffer::new().format(secs).as_bytes());
+    fn new(len: usize) -> Self {
+        Exact(Vec::with_capacity(len))
     }
 
     #[inline]
-    fn as_bytes(&self) -> &[u8] {
-        if self.heap.is_empty() {
-            &self.stack[..self.len]
-        } else {
-            &self.heap
-        }
+    fn push(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
     }
-}
 
-/// A header value from formatted bytes (always valid: policy names were checked when the
-/// layer was built; the empty value is the unreachable fallback).
-fn value_or_empty(bytes: &[u8]) -> HeaderValue {
-    HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
+    /// The value (always valid: policy names were checked when the layer was built; the
+    /// empty value is the unreachable fallback). A `Vec` as long as its capacity becomes
+    /// `Bytes` without reallocating.
+    #[inline]
+    fn value(self) -> HeaderValue {
+        debug_assert_eq!(
+            self.0.len(),
+            self.0.capacity(),
+            "a value's length was miscounted"
+        );
+        HeaderValue::from_maybe_shared(Bytes::from(self.0))
+            .unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
 }
 
 fn push_u64(out: &mut Vec<u8>, v: u64) {
@@ -437,27 +410,37 @@ impl Fields {
         }
     }
 
-    /// The `RateLimit` field value for a decision, over the limits in `mask`: formatted on
-    /// the stack, then copied once into the header value (one allocation of the exact
-    /// size).
+    /// The `RateLimit` field value for a decision, over the limits in `mask`: its numbers
+    /// formatted first, then the value written into one allocation of its length.
     pub(crate) fn rate_limit_value(&self, d: &Decision, mask: usize) -> HeaderValue {
-        let mut buf = StackBuf::default();
-        let mut first = true;
-        for (i, l) in d.limits().iter().enumerate() {
+        let mut numbers = [[itoa::Buffer::new(); 2]; MAX_LIMITS];
+        let mut items: [(&[u8], &str, &str); MAX_LIMITS] = [(&[], "", ""); MAX_LIMITS];
+        let (mut n, mut len) = (0, 0);
+        for ((i, l), [r, t]) in d.limits().iter().enumerate().zip(&mut numbers) {
             if mask & (1 << i) == 0 {
                 continue;
             }
-            if !first {
-                buf.push(b", ");
-            }
-            first = false;
-            buf.push_item(
-                &self.prefixes[i.min(self.prefixes.len() - 1)],
-                l.remaining(),
-                retry_after_secs(l.next_after()),
+            let prefix = &self.prefixes[i.min(self.prefixes.len() - 1)][..];
+            let item = (
+                prefix,
+                r.format(l.remaining()),
+                t.format(retry_after_secs(l.next_after())),
             );
+            len += usize::from(n > 0) * 2 + item.0.len() + item.1.len() + 3 + item.2.len();
+            items[n] = item;
+            n += 1;
         }
-        value_or_empty(buf.as_bytes())
+        let mut v = Exact::new(len);
+        for (k, (prefix, r, t)) in items[..n].iter().enumerate() {
+            if k > 0 {
+                v.push(b", ");
+            }
+            v.push(prefix);
+            v.push(r.as_bytes());
+            v.push(b";t=");
+            v.push(t.as_bytes());
+        }
+        v.value()
     }
 
     /// The limits a decision reports on: all but those in shadow for the key (a client is
@@ -656,15 +639,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stack_buffer_spills_to_the_heap_intact() {
-        let mut b = StackBuf::default();
-        let chunk = [b'a'; 100];
-        for _ in 0..3 {
-            b.push(&chunk);
+    fn values_are_written_exactly() {
+        for (r, t) in [(0, 0), (9, 10), (10, 99), (u64::MAX, u64::MAX)] {
+            let v = rate_limit_item(b"\"default\";r=", r, t);
+            assert_eq!(v.as_bytes(), format!("\"default\";r={r};t={t}").as_bytes());
         }
-        b.push(b"end");
-        assert_eq!(b.as_bytes().len(), 303);
-        assert!(b.as_bytes().starts_with(&[b'a'; 300]) && b.as_bytes().ends_with(b"end"));
+        assert_eq!(prefixed_value(b"x=", 1000).as_bytes(), b"x=1000");
     }
 
     #[test]
