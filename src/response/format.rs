@@ -223,12 +223,9 @@ impl Extra {
 pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> HeaderValue {
     let mut numbers = [itoa::Buffer::new(); 2];
     let [r, t] = &mut numbers;
-    let (r, t) = (r.format(remaining), t.format(secs));
-    let mut v = Exact::new(prefix.len() + r.len() + 3 + t.len());
-    v.push(prefix);
-    v.push(r.as_bytes());
-    v.push(b";t=");
-    v.push(t.as_bytes());
+    let item = Item(prefix, r.format(remaining), t.format(secs));
+    let mut v = Exact::new(item.len());
+    v.item(&item);
     v.value()
 }
 
@@ -273,6 +270,18 @@ pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// One `RateLimit` item's parts: its prefix (`"name";r=`), then the units left and the
+/// seconds until the next unit, formatted.
+struct Item<'a>(&'a [u8], &'a str, &'a str);
+
+impl Item<'_> {
+    /// The item's length, `;t=` included.
+    #[inline]
+    fn len(&self) -> usize {
+        self.0.len() + self.1.len() + 3 + self.2.len()
+    }
+}
+
 /// A header value's bytes written once into an allocation of their exact length, which
 /// the value then owns: no buffer to clear, no copy, one allocation.
 struct Exact(Vec<u8>);
@@ -286,6 +295,14 @@ impl Exact {
     #[inline]
     fn push(&mut self, bytes: &[u8]) {
         self.0.extend_from_slice(bytes);
+    }
+
+    #[inline]
+    fn item(&mut self, Item(prefix, r, t): &Item<'_>) {
+        self.push(prefix);
+        self.push(r.as_bytes());
+        self.push(b";t=");
+        self.push(t.as_bytes());
     }
 
     /// The value (always valid: policy names were checked when the layer was built; the
@@ -414,31 +431,27 @@ impl Fields {
     /// formatted first, then the value written into one allocation of its length.
     pub(crate) fn rate_limit_value(&self, d: &Decision, mask: usize) -> HeaderValue {
         let mut numbers = [[itoa::Buffer::new(); 2]; MAX_LIMITS];
-        let mut items: [(&[u8], &str, &str); MAX_LIMITS] = [(&[], "", ""); MAX_LIMITS];
+        let mut items = [const { Item(&[], "", "") }; MAX_LIMITS];
         let (mut n, mut len) = (0, 0);
         for ((i, l), [r, t]) in d.limits().iter().enumerate().zip(&mut numbers) {
             if mask & (1 << i) == 0 {
                 continue;
             }
-            let prefix = &self.prefixes[i.min(self.prefixes.len() - 1)][..];
-            let item = (
-                prefix,
+            let item = Item(
+                &self.prefixes[i.min(self.prefixes.len() - 1)],
                 r.format(l.remaining()),
                 t.format(retry_after_secs(l.next_after())),
             );
-            len += usize::from(n > 0) * 2 + item.0.len() + item.1.len() + 3 + item.2.len();
+            len += usize::from(n > 0) * 2 + item.len();
             items[n] = item;
             n += 1;
         }
         let mut v = Exact::new(len);
-        for (k, (prefix, r, t)) in items[..n].iter().enumerate() {
+        for (k, item) in items[..n].iter().enumerate() {
             if k > 0 {
                 v.push(b", ");
             }
-            v.push(prefix);
-            v.push(r.as_bytes());
-            v.push(b";t=");
-            v.push(t.as_bytes());
+            v.item(item);
         }
         v.value()
     }
