@@ -5,7 +5,9 @@
 # quanta's calibration loop in it, which runs a varying number of times, is not counted).
 # Each row runs twice, with N1 and N2 requests; the difference divided by N2 - N1 is one
 # request's cost, whatever the run's fixed costs. tower_governor's column is its own row
-# where it has one (allowed, allowed/headers, refused), else its `allowed`.
+# where it has one (allowed, allowed/headers, refused), else its `allowed`. Every row
+# repeats to the instruction but `allowed/counted`, which takes one of two values about 350
+# apart (tokio schedules the spawned refund one of two ways).
 #
 #   bash bench/middleware_instructions.sh                    # needs valgrind
 #   ROWS="allowed allowed/headers" bash bench/middleware_instructions.sh
