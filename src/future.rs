@@ -249,8 +249,8 @@ where
         wrap(machine)
     }
 
-    /// The state for a request decided otherwise than admitted at once: refused, or
-    /// queued (its state built out of line).
+    /// The state for a request decided otherwise than called at once (`start` takes
+    /// those): refused, or queued (its state built out of line).
     #[inline(always)]
     fn from_next(next: Next<O, H>, inner: &mut S, req: Req) -> Self
     where
@@ -258,10 +258,6 @@ where
     {
         match next {
             Next::Refuse(out) => Machine::Refused { out },
-            Next::Proceed { wait, extra, .. } if wait.is_zero() => Machine::Calling {
-                future: inner.call(req),
-                extra,
-            },
             Next::Proceed {
                 wait,
                 extra,

@@ -22,6 +22,22 @@ fn limit() -> Limit {
     Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(100).unwrap()).unwrap()
 }
 
+/// Makes the checks at once, each decided by Redis, in fewer script calls than checks
+/// (some shared a batch).
+async fn check_together(server: &RedisServer, checks: Vec<(RedisStore, &'static str)>) {
+    let n = checks.len() as u64;
+    let before = server.calls("evalsha");
+    let mut tasks = JoinSet::new();
+    for (store, k) in checks {
+        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
+    }
+    while let Some(d) = tasks.join_next().await {
+        assert_eq!(d.unwrap().source(), Source::Store);
+    }
+    let calls = server.calls("evalsha") - before;
+    assert!(calls < n, "{n} checks at once took {calls} calls");
+}
+
 #[tokio::test]
 async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() {
     let Some(server) = RedisServer::start() else {
@@ -85,16 +101,7 @@ async fn a_batch_at_the_servers_time_writes_the_time_until_fresh_as_ttl() {
         .unwrap();
     store.check("warm", 1).await.unwrap();
     let keys = ["a", "b", "a", "c", "a", "c"];
-    let before = server.calls("evalsha");
-    let mut tasks = JoinSet::new();
-    for k in keys {
-        let store = store.clone();
-        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
-    }
-    while let Some(d) = tasks.join_next().await {
-        assert_eq!(d.unwrap().source(), Source::Store);
-    }
-    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    check_together(&server, keys.map(|k| (store.clone(), k)).to_vec()).await;
     let client = redis::Client::open(server.url()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     for k in ["a", "b", "c"] {
@@ -139,16 +146,8 @@ async fn a_batch_writes_each_key_under_its_own_limits() {
         (false, "n2"),
         (true, "w3"),
     ];
-    let before = server.calls("evalsha");
-    let mut tasks = JoinSet::new();
-    for (w, k) in keys {
-        let store = if w { wide.clone() } else { other.clone() };
-        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
-    }
-    while let Some(d) = tasks.join_next().await {
-        assert_eq!(d.unwrap().source(), Source::Store);
-    }
-    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    let checks = keys.map(|(w, k)| (if w { wide.clone() } else { other.clone() }, k));
+    check_together(&server, checks.to_vec()).await;
     // Reference values, one call each.
     let (wide_1, narrow_1) = (build(limit(), false), build(narrow, false));
     wide_1.check("ref-w", 1).await.unwrap();
@@ -306,16 +305,7 @@ async fn a_batch_writes_what_separate_calls_write() {
     let (batched, single) = (build("batched", true), build("single", false));
     batched.check("warm", 1).await.unwrap();
     let keys = ["a", "b", "a", "c", "a", "c", "d", "a"];
-    let before = server.calls("evalsha");
-    let mut tasks = JoinSet::new();
-    for k in keys {
-        let store = batched.clone();
-        tasks.spawn(async move { store.check(k, 1).await.unwrap() });
-    }
-    while let Some(d) = tasks.join_next().await {
-        assert_eq!(d.unwrap().source(), Source::Store);
-    }
-    assert!(server.calls("evalsha") - before < keys.len() as u64);
+    check_together(&server, keys.map(|k| (batched.clone(), k)).to_vec()).await;
     let mut last = std::collections::HashMap::new();
     for k in keys {
         last.insert(k, single.check(k, 1).await.unwrap());

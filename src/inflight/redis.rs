@@ -24,7 +24,7 @@ use crate::{
     limiter::OncePerSecond,
     observe::outage,
     store::{
-        redis::{keys, Breaker, BreakerState},
+        redis::{keys, within, Breaker, BreakerState},
         KeyBytes, RedisConnection,
     },
 };
@@ -444,14 +444,8 @@ impl Leases {
         rt.spawn(async move {
             let (keys, args): ([&[u8]; 1], [&[u8]; 1]) = ([&key], [&id]);
             let call = conn.eval_script(&RELEASE, &keys, &args);
-            match tokio::time::timeout(deadline * 4, call).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(target: "tollgate::redis", error = %e, "in-flight lease not given back; it expires with its TTL");
-                }
-                Err(_) => {
-                    tracing::debug!(target: "tollgate::redis", "in-flight lease not given back in time; it expires with its TTL");
-                }
+            if let Err(e) = within(deadline * 4, call).await {
+                tracing::debug!(target: "tollgate::redis", error = %e, "in-flight lease not given back; it expires with its TTL");
             }
         });
     }

@@ -535,10 +535,7 @@ impl Fields {
             };
             bodies[mask.min(bodies.len() - 1)].clone()
         });
-        let fields = self.headers(a, d, shadow);
-        let mut r = quota_refusal(body, None, d.retry_after(), fields.len());
-        fields.apply(r.headers_mut());
-        r
+        self.quota_refusal(a, d, shadow, body, None)
     }
 
     /// The refusal of a gRPC request: `RESOURCE_EXHAUSTED` with the exact retry delay in
@@ -551,8 +548,21 @@ impl Fields {
             }
             _ => "Request quota exceeded; retry after the delay in RetryInfo.",
         };
+        self.quota_refusal(a, d, shadow, None, Some(message))
+    }
+
+    /// [`quota_refusal`] for a decision, with the decision's rate-limit fields.
+    #[inline]
+    fn quota_refusal(
+        &self,
+        a: &Answers,
+        d: &Decision,
+        shadow: u8,
+        body: Option<Bytes>,
+        grpc_message: Option<&str>,
+    ) -> Response<Bytes> {
         let fields = self.headers(a, d, shadow);
-        let mut r = quota_refusal(None, Some(message), d.retry_after(), fields.len());
+        let mut r = quota_refusal(body, grpc_message, d.retry_after(), fields.len());
         fields.apply(r.headers_mut());
         r
     }

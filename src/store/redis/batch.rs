@@ -83,6 +83,16 @@ struct State {
     queue: VecDeque<Pending>,
 }
 
+impl State {
+    /// Whether the queue goes out as a call now: when nothing is in flight, or as the
+    /// second call once it is long enough, beside a batch call.
+    fn may_launch(&self) -> bool {
+        !self.queue.is_empty()
+            && (self.calls == 0
+                || (self.calls == 1 && !self.alone && self.queue.len() >= SECOND_CALL_AT))
+    }
+}
+
 /// The batcher of one connection (shared by its clones).
 #[derive(Default)]
 pub(super) struct Batcher {
@@ -111,7 +121,7 @@ impl Batcher {
                 }
                 let (tx, rx) = oneshot::channel();
                 state.queue.push_back(Pending { request, reply: tx });
-                if state.calls == 1 && !state.alone && state.queue.len() >= SECOND_CALL_AT {
+                if state.may_launch() {
                     self.launch(&mut state, conn);
                 }
                 Ok(rx)
@@ -146,9 +156,7 @@ impl Batcher {
         let mut state = self.state();
         state.calls -= 1;
         state.alone = false;
-        while !state.queue.is_empty()
-            && (state.calls == 0 || (state.calls == 1 && state.queue.len() >= SECOND_CALL_AT))
-        {
+        while state.may_launch() {
             if !self.launch(&mut state, conn) {
                 return;
             }

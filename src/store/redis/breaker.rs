@@ -1,5 +1,5 @@
 //! The circuit breaker in front of every Redis-backed store (the rate-limit, in-flight
-//! and fair-share stores).
+//! and fair-share stores), and the deadline their calls go out under.
 
 use std::{
     future::Future,
@@ -111,10 +111,7 @@ impl Breaker {
             permit,
             done: false,
         };
-        let result = match tokio::time::timeout(deadline, make()).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(deadline)),
-        };
+        let result = within(deadline, make()).await;
         guard.done = true;
         let change = match &result {
             Ok(_) => self.success(permit),
@@ -227,6 +224,16 @@ impl Breaker {
         );
         Some(BreakerState::Open)
     }
+}
+
+/// `call`'s result, or [`StoreError::Timeout`] once `deadline` has passed without one.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or(Err(StoreError::Timeout(deadline)))
 }
 
 /// Releases a half-open probe whose call was dropped before it finished.

@@ -10,6 +10,7 @@ use std::{
 };
 
 use super::{
+    breaker::within,
     keys,
     script::{self, Mode},
     store::{RedisConnection, RedisStoreBuilder},
@@ -430,10 +431,7 @@ impl Shared {
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let deadline = self.interval.max(Duration::from_millis(50));
-        tokio::time::timeout(deadline, call)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(deadline)))
+        within(self.interval.max(Duration::from_millis(50)), call).await
     }
 
     /// Drops a key's local entry.

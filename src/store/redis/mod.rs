@@ -154,8 +154,8 @@ mod negative;
 mod script;
 mod store;
 
-pub(crate) use breaker::Breaker;
 pub use breaker::BreakerState;
+pub(crate) use breaker::{within, Breaker};
 pub use failure::FailurePolicy;
 pub use local_first::{LocalFirstStore, SyncTask};
 pub use store::{RedisConnection, RedisStore, RedisStoreBuilder};

@@ -6,7 +6,7 @@ use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
 
 use super::{
     batch::{self, Batcher, Call, Request},
-    breaker::{Breaker, BreakerState},
+    breaker::{within, Breaker, BreakerState},
     failure::{scaled_policy, FailurePolicy},
     keys,
     negative::NegativeCache,
@@ -423,11 +423,9 @@ impl Shared {
             key: key.to_vec(),
             call: Call::Delete,
         };
-        let call = self.conn.request(request, self.batching);
-        match tokio::time::timeout(self.deadline, call).await {
-            Ok(r) => r.map(|_| ()),
-            Err(_) => Err(StoreError::Timeout(self.deadline)),
-        }
+        within(self.deadline, self.conn.request(request, self.batching))
+            .await
+            .map(|_| ())
     }
 
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
