@@ -25,7 +25,7 @@ use axum::{
     routing::get,
     Extension, Router,
 };
-use tollgate::{key::ExtensionKey, limiter::MissingKey, Decision, Quota, RateLimitLayer};
+use tollgate::{key::ExtensionKey, key::MissingKey, Decision, Quota, RateLimitLayer};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct UserId(&'static str);

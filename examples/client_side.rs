@@ -18,7 +18,8 @@ use std::{
 
 use axum::{routing::get, Router};
 use tokio::time::Instant;
-use tollgate::{key::key_fn, BoxError, Quota};
+use tollgate::{key::key_fn, Quota};
+use tower::BoxError;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
 type Arrivals = Arc<Mutex<Vec<Duration>>>;

@@ -16,8 +16,8 @@ use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use tollgate::{
     cost::cost_fn,
+    key::MissingKey,
     key::{key_fn, KeyExtractor},
-    limiter::MissingKey,
     Quota, RateLimitLayer,
 };
 

@@ -61,8 +61,8 @@ use axum::{
 use tollgate::{
     fair::{FairStore, MemoryFair, Share},
     inflight::{InFlightStore, MemoryInFlight},
+    key::MissingKey,
     key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead},
-    limiter::MissingKey,
     policy::IntoPolicy,
     store::KeyBytes,
     store::MemoryStore,

@@ -13,7 +13,8 @@
 use std::time::Duration;
 
 use tokio::time::{sleep, Instant, Sleep};
-use tollgate::{generic::RateLimited, key::key_fn, BoxError, Quota};
+use tollgate::{generic::RateLimited, key::key_fn, Quota};
+use tower::BoxError;
 use tower::{retry::Policy, timeout::error::Elapsed, Service, ServiceBuilder, ServiceExt};
 
 #[derive(Clone, Debug)]

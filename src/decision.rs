@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use crate::MAX_LIMITS;
+/// The most limits (quotas) one policy may combine.
+pub(crate) const MAX_LIMITS: usize = 4;
 
 /// Allowed (possibly after a wait), denied, or never admissible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

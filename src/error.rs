@@ -3,6 +3,9 @@
 
 use std::{error::Error, fmt, sync::Arc, time::Duration};
 
+/// A boxed error, as tower uses (`tower::BoxError`): the generic layer's error type.
+pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
+
 /// A configuration value that tollgate refuses. Returned when a quota, a policy or a layer
 /// is built, so an invalid limit never reaches a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,7 +45,7 @@ pub enum ConfigError {
     },
     /// A policy with no limits in it.
     NoLimits,
-    /// More limits in one policy than [`crate::MAX_LIMITS`].
+    /// More limits in one policy than [`crate::decision::MAX_LIMITS`].
     TooManyLimits(usize),
     /// A limit name that cannot be sent in a `RateLimit` header (it must be printable ASCII).
     InvalidName(String),
@@ -103,7 +106,7 @@ impl fmt::Display for ConfigError {
             Self::TooManyLimits(n) => write!(
                 f,
                 "{n} limits in one policy; at most {} are supported",
-                crate::MAX_LIMITS
+                crate::decision::MAX_LIMITS
             ),
             Self::InvalidName(n) => write!(f, "limit name {n:?} is not printable ASCII"),
             Self::InvalidCidr(c) => write!(f, "invalid CIDR block {c:?}"),

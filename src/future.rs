@@ -25,7 +25,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::{decision::Decision, error::StoreError, limiter::Begin, store::CheckFuture};
+use crate::{decision::Decision, error::StoreError, store::CheckFuture};
 
 const POLLED_AFTER_DONE: &str =
     "tollgate: response future polled after it completed (or after the inner service panicked)";
@@ -50,6 +50,16 @@ impl Drop for RefundGuard {
             refund();
         }
     }
+}
+
+/// How a request starts.
+pub(crate) enum Begin<Req, O, H> {
+    /// Decided: refuse, or proceed (perhaps after a wait).
+    Now(Next<O, H>),
+    /// The store answers later.
+    Later(CheckFuture, Continuation<Req, O, H>),
+    /// No limit applies (a keyless request under `MissingKey::Allow`).
+    Unlimited,
 }
 
 /// What to do once the decision is known.

@@ -3,15 +3,19 @@
 //! The metrics and events are listed in the crate docs ("Watching").
 
 use std::{
-    hash::Hash,
-    sync::Arc,
+    hash::{Hash, Hasher},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use crate::{
     decision::{Decision, Source},
     error::StoreError,
-    limiter::{key_hash, OnStoreError, OncePerSecond},
+    key::KeyExtractor,
+    options::{MissingKey, OnStoreError},
 };
 
 /// A layer's observer: its label and its rate of warnings.
@@ -434,5 +438,57 @@ impl StoreMetrics {
         #[cfg(not(feature = "metrics"))]
         let _ = (fresh, with_state);
         self.keys(-((fresh + with_state) as i64));
+    }
+}
+
+/// A stable hash of a key: for events (keys never appear as they are) and for choosing
+/// the keys a partly enforced limit applies to (the same choice in every process).
+pub(crate) fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x6b65_7973);
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Counts refusals in a window of one second: the first store failure of each second is
+/// logged at `warn`, the others at `debug` (an outage would otherwise log every request).
+#[derive(Debug, Default)]
+pub(crate) struct OncePerSecond(AtomicU64);
+
+impl OncePerSecond {
+    /// Whether this is the first call in the current second of `now_secs`.
+    pub(crate) fn first(&self, now_secs: u64) -> bool {
+        self.0.swap(now_secs, Ordering::Relaxed) != now_secs
+    }
+}
+
+/// A layer's one warning about keyless requests whose extractor says why (the server is
+/// not set up to give it what it needs: no connection address, no matched route), since
+/// such a setup quietly puts every client into one bucket. Shared by every layer kind.
+#[derive(Debug, Default)]
+pub(crate) struct KeylessWarning(AtomicBool);
+
+impl KeylessWarning {
+    #[cold]
+    pub(crate) fn keyless<Req, X: KeyExtractor<Req>>(
+        &self,
+        key: &X,
+        req: &Req,
+        label: &str,
+        missing: MissingKey,
+        kind: &str,
+    ) {
+        if self.0.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(why) = key.misconfiguration(req) {
+            if !self.0.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "tollgate",
+                    limiter = %label,
+                    missing_key = ?missing,
+                    "{kind} key missing: {why} (logged once per layer)"
+                );
+            }
+        }
     }
 }

@@ -27,10 +27,10 @@ use tollgate::{
     cost::cost_fn,
     error::Denied,
     generic,
+    key::MissingKey,
     key::{
         key_fn, ClientIp, HeaderBytes, HeaderKey, JsonField, JsonFieldKey, JsonFieldLayer, PeerIp,
     },
-    limiter::MissingKey,
     store::{MemoryStore, Store},
     ConfigError, Limit, Policy, Quota, RateLimitLayer,
 };
@@ -256,7 +256,7 @@ async fn the_generic_layer_denies_and_allows_keys() {
         .unwrap();
     let mut svc = tower::ServiceBuilder::new()
         .layer(layer)
-        .service_fn(|_: u32| async { Ok::<_, tollgate::BoxError>("done") });
+        .service_fn(|_: u32| async { Ok::<_, tower::BoxError>("done") });
     for _ in 0..3 {
         assert!(svc.ready().await.unwrap().call(1).await.is_ok());
         let e = svc.ready().await.unwrap().call(7).await.unwrap_err();
@@ -299,7 +299,7 @@ fn login_app<St: Store<Option<JsonField>>>(
     (app, entered)
 }
 
-fn failed_logins() -> tollgate::Builder<JsonFieldKey, tollgate::cost::UnitCost> {
+fn failed_logins() -> tollgate::ratelimit::Builder<JsonFieldKey, tollgate::cost::UnitCost> {
     RateLimitLayer::builder()
         .key(JsonField::key())
         .policy("5/15min")

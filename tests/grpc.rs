@@ -13,9 +13,10 @@ use http::StatusCode;
 use tokio::net::TcpListener;
 use tollgate::{
     clock::ManualClock,
+    key::MissingKey,
     key::{GrpcMethod, HeaderKey},
-    limiter::{MissingKey, OnStoreError},
     store::MemoryStore,
+    store::OnStoreError,
     Limit, Policy, Quota, RateLimitLayer,
 };
 use tonic::{

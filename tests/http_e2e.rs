@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use axum::{routing::get, Extension, Router};
 use support::{client, get as fetch, serve};
 use tollgate::{
-    cost::cost_fn, cost::Cost, key::KeyExtractor, key::PeerIp, limiter::MissingKey, store::Store,
+    cost::cost_fn, cost::Cost, key::KeyExtractor, key::MissingKey, key::PeerIp, store::Store,
     Decision, Limit, Quota, RateLimitLayer,
 };
 
-fn per_ip() -> tollgate::Builder<PeerIp, tollgate::cost::UnitCost> {
+fn per_ip() -> tollgate::ratelimit::Builder<PeerIp, tollgate::cost::UnitCost> {
     RateLimitLayer::builder().key(PeerIp::new())
 }
 

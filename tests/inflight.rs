@@ -26,8 +26,8 @@ use http_body_util::BodyExt;
 use tokio::{sync::Semaphore, time::Instant};
 use tollgate::{
     inflight::{InFlightBody, MemoryInFlight},
+    key::MissingKey,
     key::{Global, HeaderKey},
-    limiter::MissingKey,
     InFlightLimitLayer, Limit, Quota, RateLimitLayer,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -558,7 +558,7 @@ mod on_redis {
     use tollgate::{
         error::StoreError,
         inflight::RedisInFlight,
-        limiter::OnStoreError,
+        store::OnStoreError,
         store::{BreakerState, RedisConnection},
     };
 

@@ -19,7 +19,7 @@ use tollgate::{
     decision::{Outcome, Source},
     error::StoreError,
     key::{Global, HeaderBytes, HeaderKey, RequestHead},
-    limiter::OnStoreError,
+    store::OnStoreError,
     store::{CheckFuture, MemoryStore, Store, StoreFuture},
     Decision, Policy, RateLimitLayer,
 };
@@ -542,7 +542,8 @@ async fn swapped_policies_are_counted_under_their_new_names() {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn the_generic_layer_counts_its_decisions_under_its_label() {
-    use tollgate::{generic, key::key_fn, BoxError};
+    use tollgate::{generic, key::key_fn};
+    use tower::BoxError;
     use tower::{Service, ServiceBuilder};
 
     let rec = Recorder::new();

@@ -11,7 +11,8 @@ use std::{
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
-use tollgate::{generic::RateLimited, key::key_fn, key::Global, BoxError, Quota, RateLimitLayer};
+use tollgate::{generic::RateLimited, key::key_fn, key::Global, Quota, RateLimitLayer};
+use tower::BoxError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 type Req = Request<Body>;
@@ -268,7 +269,7 @@ fn layer_meets_router_bounds() {
         .build()
         .unwrap();
     send_sync::<
-        tollgate::RateLimit<
+        tollgate::ratelimit::RateLimit<
             axum::routing::Route,
             tollgate::key::PeerIp,
             tollgate::store::MemoryStore<Option<std::net::IpAddr>, tollgate::clock::TokioClock>,

@@ -10,10 +10,11 @@ use tollgate::{
     error::StoreError,
     generic::RateLimited,
     key::Global,
-    limiter::OnStoreError,
+    store::OnStoreError,
     store::{CheckFuture, Store, StoreFuture},
-    BoxError, Decision, Limit, Policy, Quota, RateLimitLayer,
+    Decision, Limit, Policy, Quota, RateLimitLayer,
 };
+use tower::BoxError;
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Always fails: at once, or after yielding once (like a network store that times out).

@@ -61,10 +61,10 @@ pub(crate) use gcra::Gcra;
 pub(crate) use window::Window;
 
 use crate::{
+    decision::MAX_LIMITS,
     decision::{LimitReport, Outcome},
     error::ConfigError,
     quota::Quota,
-    MAX_LIMITS,
 };
 
 /// Largest number of state words a policy can need.

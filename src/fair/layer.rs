@@ -26,8 +26,10 @@ use crate::{
     future::take_ready,
     gate::{Admission, Decide, GateFuture},
     key::{Global, KeyExtractor, RequestHead},
-    limiter::{KeylessWarning, MissingKey, OnStoreError, OncePerSecond},
     observe::outage,
+    observe::KeylessWarning,
+    observe::OncePerSecond,
+    options::{MissingKey, OnStoreError},
     quota::Quota,
     response::{
         grpc, own_answer, problem_body, quota_refusal, rate_limit_item, retry_after_secs,

@@ -28,9 +28,16 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
+mod future;
 mod layer;
 mod service;
 
-pub use self::layer::{Builder, RateLimitLayer};
-pub use self::service::{RateLimit, ResponseFuture};
+pub use self::layer::RateLimitLayer;
+pub use self::service::RateLimit;
+
+/// Configures a generic [`RateLimitLayer`]: made by [`RateLimitLayer::builder`]. The
+/// setters every rate-limit layer has, and this layer's own `select`, key lists and
+/// `build`, are listed below.
+pub type Builder<X, C> = crate::ratelimit::Builder<X, C, answer::Generic>;
 pub use crate::error::{KeyMissing, RateLimited};

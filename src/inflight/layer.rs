@@ -10,7 +10,8 @@ use super::{answer::Answers, memory::MemoryInFlight, service::InFlightLimit, sto
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
-    limiter::{KeylessWarning, MissingKey, OnStoreError},
+    observe::KeylessWarning,
+    options::{MissingKey, OnStoreError},
 };
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]

@@ -21,8 +21,8 @@ use super::store::{
 use crate::{
     clock::TokioClock,
     error::{ConfigError, StoreError},
-    limiter::OncePerSecond,
     observe::outage,
+    observe::OncePerSecond,
     store::{
         redis::{keys, within, Breaker, BreakerState},
         KeyBytes, RedisConnection,

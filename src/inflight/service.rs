@@ -25,7 +25,7 @@ use crate::{
     future::take_ready,
     gate::{Admission, Decide, GateFuture},
     key::KeyExtractor,
-    limiter::{MissingKey, OnStoreError},
+    options::{MissingKey, OnStoreError},
     response::{grpc, own_answer},
 };
 

@@ -6,7 +6,7 @@ use std::{
 };
 
 use super::peer_ip::prefix_mask;
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// An address block; IPv4-mapped IPv6 blocks are stored as IPv4 (addresses are
 /// canonicalized the same way before matching).

@@ -10,7 +10,7 @@ use super::{
     peer_ip::peer_addr,
     KeyExtractor, PeerIp,
 };
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The most forwarding-header entries examined per request.
 const MAX_ENTRIES: usize = 64;

@@ -5,7 +5,7 @@ use std::fmt;
 use http::{HeaderName, Request};
 
 use super::KeyExtractor;
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The default longest header value accepted as a key, in bytes.
 const DEFAULT_MAX_LEN: usize = 256;

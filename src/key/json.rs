@@ -17,7 +17,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::KeyExtractor;
-use crate::{response::plain, store::KeyBytes, BoxError};
+use crate::{error::BoxError, response::plain, store::KeyBytes};
 
 /// The value of a JSON body's field, put into the request's extensions by
 /// [`JsonFieldLayer`]: a string as it is, a number or a boolean as its JSON text.

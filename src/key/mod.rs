@@ -94,10 +94,9 @@ pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;
 pub use self::route::{Global, MethodKey};
+pub use crate::options::MissingKey;
 
 use std::fmt;
-
-use crate::policy::{PolicyChoice, PolicySet};
 
 /// Reads the rate-limit key out of a request.
 ///
@@ -121,16 +120,6 @@ pub trait KeyExtractor<Req> {
     fn misconfiguration(&self, req: &Req) -> Option<&'static str> {
         let _ = req;
         None
-    }
-
-    /// Which policy of the layer's set applies to this request (`key` is `None` for a
-    /// keyless request the layer limits anyway). The default is the set's fallback; the
-    /// layers' `select` methods wrap an extractor in one that chooses (see
-    /// [`crate::policy`]).
-    #[inline]
-    fn policy(&self, req: &Req, key: Option<&Self::Key>, set: &PolicySet) -> PolicyChoice {
-        let _ = (req, key, set);
-        PolicyChoice::FALLBACK
     }
 }
 

@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use http::Request;
 
 use super::KeyExtractor;
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The default IPv6 grouping prefix: /56.
 pub(super) const DEFAULT_IPV6_PREFIX: u8 = 56;

@@ -57,8 +57,8 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
+pub(crate) mod choose;
 pub(crate) mod handle;
-mod select;
 #[cfg(feature = "serde")]
 mod serde;
 mod text;
@@ -74,13 +74,12 @@ use std::{
 };
 
 pub use handle::PolicyHandle;
-pub use select::{PolicyChoice, Select, SelectHead};
 
 use crate::{
     algorithm::{Enforcement, Gcra, Limit, Params, MAX_WORDS},
+    decision::MAX_LIMITS,
     decision::{Decision, LimitReport, Outcome},
     error::ConfigError,
-    MAX_LIMITS,
 };
 
 /// One or more limits that must all admit a request. See the [module docs](self).
@@ -827,7 +826,7 @@ pub(crate) fn check_names(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use crate::quota::Quota;
 
     fn tb(q: Quota) -> Limit {
         Limit::token_bucket(q).unwrap()

@@ -4,7 +4,7 @@
 use std::{str::FromStr, time::Duration};
 
 use super::PolicySet;
-use crate::{algorithm::Limit, error::ConfigError, quota::Quota, Policy};
+use crate::{algorithm::Limit, error::ConfigError, policy::Policy, quota::Quota};
 
 /// A parse error: what was wrong, and the part of the text it was found in.
 fn bad(part: &str, reason: impl Into<String>) -> ConfigError {

@@ -11,7 +11,10 @@ use http::{
 };
 
 use super::{grpc, ResponseHead};
-use crate::{decision::Outcome, limiter::Settlement, Decision, Policy, MAX_LIMITS};
+use crate::{
+    decision::Decision, decision::Outcome, decision::MAX_LIMITS, limiter::Settlement,
+    policy::Policy,
+};
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -22,7 +22,7 @@ use crate::{
     decision::Decision,
     error::ConfigError,
     observe::StoreMetrics,
-    Policy,
+    policy::Policy,
 };
 
 /// The default memory budget of a store: 32 MiB.
@@ -690,7 +690,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{clock::ManualClock, Limit, Quota};
+    use crate::{algorithm::Limit, clock::ManualClock, quota::Quota};
 
     #[test]
     fn heap_keys_are_digests_and_plain_keys_are_kept_as_they_are() {

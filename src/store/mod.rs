@@ -35,10 +35,16 @@ pub use self::redis::{
     BreakerState, FailurePolicy, LocalFirstStore, RedisConnection, RedisStore, RedisStoreBuilder,
     SyncTask,
 };
+pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;
 pub use memory::{MemoryStats, MemoryStore, DEFAULT_MAX_BYTES};
 
-use crate::{decision::Decision, error::StoreError, policy::PolicySet, Policy};
+/// The store a layer builds for itself: in memory, keyed by the extracted key (`None` for
+/// keyless requests under [`MissingKey::Shared`](crate::key::MissingKey::Shared)), on
+/// tokio's clock.
+pub type DefaultStore<K> = MemoryStore<Option<K>, crate::clock::TokioClock>;
+
+use crate::{decision::Decision, error::StoreError, policy::Policy, policy::PolicySet};
 
 /// Where per-key state lives: decides for a key under a policy. See the
 /// [module docs](self).

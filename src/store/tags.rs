@@ -9,7 +9,7 @@ use std::{
     },
 };
 
-use crate::{algorithm::MAX_WORDS, Policy};
+use crate::{algorithm::MAX_WORDS, policy::Policy};
 
 static STORE_IDS: AtomicU32 = AtomicU32::new(1);
 

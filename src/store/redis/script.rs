@@ -6,10 +6,11 @@ use redis::Script;
 
 use crate::{
     algorithm::{Params, MAX_WORDS},
+    decision::MAX_LIMITS,
     decision::{Decision, LimitReport, Outcome, Source},
     error::{ConfigError, StoreError},
     policy::Combine,
-    Policy, MAX_LIMITS,
+    policy::Policy,
 };
 
 /// The decision script (one for every policy: the limits travel as arguments).

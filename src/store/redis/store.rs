@@ -17,8 +17,8 @@ use crate::{
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
     observe::StoreMetrics,
+    policy::Policy,
     store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture, DEFAULT_MAX_BYTES},
-    Policy,
 };
 
 /// A connection to Redis or to a Redis Cluster: the only place redis-rs types meet

@@ -1,195 +1,43 @@
-//! The limiter's core, shared by the HTTP layer and the generic one: the key, the cost,
-//! the store, the policies (chosen per request, swapped live), the missing-key and
+//! The limiter's core, shared by the rate-limit layers (HTTP and generic): the key, the
+//! cost, the store, the policies (chosen per request, swapped live), the missing-key and
 //! store-failure policies, shadow limits, and what is observed of every decision. Nothing
-//! here knows what a response is: each layer turns a decision into its own answer. The
-//! public items are the options both layers share: [`MissingKey`] and [`OnStoreError`].
+//! here knows what a response is: each layer's [flavour](Flavour) turns a decision into
+//! its own answer.
+//!
+//! A request's way through it: [`Limiter::begin`] screens the request, extracts its key,
+//! picks its policy and asks the store; the store's answer (at once, or later through the
+//! response future) goes to `settle` (a failed store), `conclude` (what is observed) and
+//! `respond`, which hands the decision to the flavour.
+
+mod flavour;
+mod settings;
 
 use std::{
-    any::{Any, TypeId},
     fmt,
-    hash::{Hash, Hasher},
+    hash::Hash,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     time::Duration,
 };
 
 use arc_swap::ArcSwap;
-use http::StatusCode;
 
+pub(crate) use self::flavour::{Flavour, Prepare, Screen, Settlement, Verdict};
+pub(crate) use self::settings::Settings;
 use crate::{
-    algorithm::Limit,
     cost::Cost,
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
-    future::{Continuation, Next, RefundGuard},
+    future::{Begin, Continuation, Next, RefundGuard},
     key::KeyExtractor,
-    layer::DefaultStore,
-    observe::{Observe, PolicyMetrics},
-    policy::{check_names, handle::Install, IntoPolicy, Policy, PolicySet},
-    store::{CheckFuture, MemoryStore, Store},
+    observe::KeylessWarning,
+    observe::{key_hash, Observe, PolicyMetrics},
+    options::{KeyList, MissingKey, OnStoreError},
+    policy::{check_names, choose::Chooser, handle::Install, Policy, PolicySet},
+    store::Store,
 };
-
-/// What to do with a request from which no key can be extracted. Never silently unlimited
-/// unless you choose [`MissingKey::Allow`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// All keyless requests share one bucket of the same limit (the default): a missing
-    /// `x-api-key` is limited like one anonymous client; a server started without
-    /// `ConnectInfo` is limited as a whole, which shows at once instead of passing silently.
-    #[default]
-    Shared,
-    /// Refuse keyless requests: with this status (e.g. `400`) and a problem body on HTTP,
-    /// with [`KeyMissing`](crate::error::KeyMissing) on the generic layer. A `401` must
-    /// carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
-    /// scheme (see the `authenticated_user` example).
-    Reject(StatusCode),
-    /// Let keyless requests through unlimited.
-    Allow,
-}
-
-/// What to do when the store fails (a custom store returned an error). The Redis store
-/// applies its own failure policy and does not return errors here.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Admit the request. The default, as at Stripe and in Envoy: a limiter outage must
-    /// not become an API outage.
-    #[default]
-    FailOpen,
-    /// Refuse it: `503` with a `temporary-reduced-capacity` problem body for HTTP, a
-    /// [`StoreError`] for the generic middleware.
-    FailClosed,
-}
-
-/// What a layer prepares for each policy when a set is installed (the HTTP layer's
-/// formatted header values), so that no request formats them.
-pub(crate) trait Prepare: Send + Sync + 'static {
-    type Prepared: Send + Sync + 'static;
-
-    fn prepare(&self, name: Option<&str>, policy: &Policy) -> Self::Prepared;
-}
-
-/// A decided request as a flavour sees it.
-pub(crate) struct Verdict<'a, P> {
-    pub(crate) decision: &'a Decision,
-    pub(crate) name: Option<&'a str>,
-    pub(crate) prepared: &'a P,
-    /// The limits in shadow for this request's key, by index (bit `i`: limit `i`).
-    pub(crate) shadow_mask: u8,
-}
-
-/// How a layer answers: what a refusal is (a response, an error) and what an admitted
-/// request carries to its response.
-pub(crate) trait Flavour<Req>: Prepare {
-    type Refusal;
-    type Extra;
-
-    fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
-    /// What an admitted request carries to its response (none: the response goes out as
-    /// the inner service made it), with the settlement of its cost when the layer settles
-    /// costs from responses.
-    fn admit(
-        &self,
-        req: &mut Req,
-        v: &Verdict<'_, Self::Prepared>,
-        settle: Option<Settlement>,
-    ) -> Option<Self::Extra>;
-    fn failed(&self, req: &Req, error: StoreError) -> Self::Refusal;
-    fn keyless(&self, req: &Req, status: StatusCode) -> Self::Refusal;
-    /// The answer to a request on a deny list.
-    fn denied(&self, req: &Req) -> Self::Refusal;
-    /// What the layer's own rules say of a request before its key is read (skipped, or
-    /// its address on a list).
-    fn screen(&self, req: &Req) -> Screen;
-    /// Whether admitted requests settle their cost from their response.
-    fn settles(&self) -> bool;
-    /// The route, for events.
-    fn route<'r>(&self, req: &'r Req) -> Option<&'r str>;
-}
-
-/// What a layer's exemption and deny rules say of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Screen {
-    /// Limited as usual.
-    Limit,
-    /// Never limited: no state, no rate-limit fields.
-    Exempt,
-    /// Refused (`403` on HTTP).
-    Deny,
-}
-
-/// The cost of an admitted request still to be settled from its response: call it with
-/// the real cost; dropped, the reserved cost stays charged.
-pub(crate) struct Settlement {
-    /// The units charged when the request was admitted.
-    pub(crate) reserved: u64,
-    settle: Box<dyn FnOnce(u64) + Send>,
-}
-
-impl fmt::Debug for Settlement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settlement")
-            .field("reserved", &self.reserved)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Settlement {
-    /// Charges or refunds the difference between `actual` and the reserved cost (and
-    /// bans the key when the layer bans and this counted request exhausted its limit).
-    pub(crate) fn settle(self, actual: u64) {
-        (self.settle)(actual);
-    }
-}
-
-/// Whether a key (of the list's type) is on the list.
-type Contains = dyn Fn(&dyn Any) -> bool + Send + Sync;
-
-/// A list of keys (allowed or denied) for a key type fixed when it was given, matched
-/// without the limiter knowing that type.
-#[derive(Clone)]
-pub(crate) struct KeyList {
-    key_type: TypeId,
-    key_type_name: &'static str,
-    contains: Arc<Contains>,
-}
-
-impl KeyList {
-    pub(crate) fn new<K, I>(keys: I) -> Self
-    where
-        K: Hash + Eq + Send + Sync + 'static,
-        I: IntoIterator<Item = K>,
-    {
-        let set: std::collections::HashSet<K> = keys.into_iter().collect();
-        KeyList {
-            key_type: TypeId::of::<K>(),
-            key_type_name: std::any::type_name::<K>(),
-            contains: Arc::new(move |k| k.downcast_ref::<K>().is_some_and(|k| set.contains(k))),
-        }
-    }
-
-    fn check<K: 'static>(&self) -> Result<(), ConfigError> {
-        if self.key_type == TypeId::of::<K>() {
-            return Ok(());
-        }
-        Err(ConfigError::KeyList(format!(
-            "a key list of {} for keys of type {}",
-            self.key_type_name,
-            std::any::type_name::<K>()
-        )))
-    }
-}
-
-impl fmt::Debug for KeyList {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyList")
-            .field("key_type", &self.key_type_name)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A policy set as installed: each policy with what the flavour prepared for it and its
 /// metrics.
@@ -225,150 +73,8 @@ pub(crate) struct Limiter<X, St, C, F: Prepare> {
     allow_keys: Option<KeyList>,
     deny_keys: Option<KeyList>,
     ban: Option<Duration>,
-}
-
-/// How a request starts.
-pub(crate) enum Begin<Req, O, H> {
-    /// Decided: refuse, or proceed (perhaps after a wait).
-    Now(Next<O, H>),
-    /// The store answers later.
-    Later(CheckFuture, Continuation<Req, O, H>),
-    /// No limit applies (a keyless request under `MissingKey::Allow`).
-    Unlimited,
-}
-
-/// What both layers' builders configure besides the key, the cost and the answers: the
-/// policies, what to do without a key or a store, the layer's name and its memory budget.
-/// Errors are kept (the first one) and reported when the layer is built.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    limits: Vec<Limit>,
-    named: Vec<(String, Policy)>,
-    set: Option<PolicySet>,
-    /// Every name the selector can return, when they are a closed set.
-    pub(crate) names: Option<&'static [&'static str]>,
-    error: Option<ConfigError>,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
-    pub(crate) max_bytes: Option<usize>,
-    pub(crate) label: Arc<str>,
-    pub(crate) allow_keys: Option<KeyList>,
-    pub(crate) deny_keys: Option<KeyList>,
-    /// How long a key is refused once a counted response exhausts its limit.
-    pub(crate) ban: Option<Duration>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            limits: Vec::new(),
-            named: Vec::new(),
-            set: None,
-            names: None,
-            error: None,
-            missing: MissingKey::default(),
-            on_error: OnStoreError::default(),
-            max_bytes: None,
-            label: "tollgate".into(),
-            allow_keys: None,
-            deny_keys: None,
-            ban: None,
-        }
-    }
-}
-
-impl Settings {
-    /// Keeps `error` for `build`, unless an earlier one is kept already.
-    pub(crate) fn fail(&mut self, error: ConfigError) {
-        self.error.get_or_insert(error);
-    }
-
-    pub(crate) fn limit(&mut self, limit: Result<Limit, ConfigError>) {
-        match limit {
-            Ok(l) => self.limits.push(l),
-            Err(e) => self.fail(e),
-        }
-    }
-
-    pub(crate) fn policy(&mut self, policy: impl IntoPolicy) {
-        match policy.into_policy() {
-            Ok(p) => self.limits.extend(p.limits().iter().cloned()),
-            Err(e) => self.fail(e),
-        }
-    }
-
-    pub(crate) fn named_policy(&mut self, name: String, policy: impl IntoPolicy) {
-        match policy.into_policy() {
-            Ok(p) => self.named.push((name, p)),
-            Err(e) => self.fail(e),
-        }
-    }
-
-    pub(crate) fn policies(&mut self, set: PolicySet) {
-        self.set = Some(set);
-    }
-
-    /// The policy set described, or `None` when no limit was given.
-    fn take_set(&mut self) -> Result<Option<PolicySet>, ConfigError> {
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let limits = std::mem::take(&mut self.limits);
-        let named = std::mem::take(&mut self.named);
-        if let Some(set) = self.set.take() {
-            if !limits.is_empty() || !named.is_empty() {
-                return Err(ConfigError::PolicySet(
-                    "policies(..) replaces limit(..) and named_policy(..): give one or the other"
-                        .into(),
-                ));
-            }
-            return Ok(Some(set));
-        }
-        if !named.is_empty() {
-            return PolicySet::named(named, limits).map(Some);
-        }
-        if limits.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(PolicySet::single(Policy::from_limits(limits)?)))
-    }
-
-    /// The set, and the in-memory store a layer builds for itself (under the layer's
-    /// label and memory budget).
-    pub(crate) fn memory_store<K>(&mut self) -> Result<(PolicySet, DefaultStore<K>), ConfigError>
-    where
-        K: Hash + Eq + Clone + Send + Sync + 'static,
-    {
-        let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let store = MemoryStore::for_layer(set.fallback().clone(), &self.label, self.max_bytes)?;
-        Ok((set, store))
-    }
-
-    /// The set for a store of the user's: the limits given, or else the store's own.
-    pub(crate) fn set_for<K, St: Store<Option<K>>>(
-        &mut self,
-        store: &St,
-    ) -> Result<PolicySet, ConfigError> {
-        if self.max_bytes.is_some() {
-            return Err(ConfigError::Store(
-                "max_bytes sizes the built-in store; set the budget on your store instead".into(),
-            ));
-        }
-        match self.take_set()? {
-            Some(set) => Ok(set),
-            None => Ok(PolicySet::single(
-                store.default_policy().ok_or(ConfigError::NoLimits)?,
-            )),
-        }
-    }
-}
-
-/// A stable hash of a key: for events (keys never appear as they are) and for choosing
-/// the keys a partly enforced limit applies to (the same choice in every process).
-pub(crate) fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
-    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x6b65_7973);
-    key.hash(&mut h);
-    h.finish()
+    /// The selector of a policy per request, when the layer has one.
+    chooser: Option<Chooser>,
 }
 
 impl<X, St, C, F: Prepare> fmt::Debug for Limiter<X, St, C, F>
@@ -412,6 +118,9 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         {
             list.check::<K>()?;
         }
+        if let Some(chooser) = &settings.chooser {
+            chooser.check::<K>()?;
+        }
         let observe = Observe::new(settings.label);
         let ban = settings.ban;
         let installed = Arc::new(prepare(&flavour, &observe, set, settings.names, |set| {
@@ -435,6 +144,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             allow_keys: settings.allow_keys,
             deny_keys: settings.deny_keys,
             ban: settings.ban,
+            chooser: settings.chooser,
         })
     }
 
@@ -533,7 +243,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         let key = match self.key.extract(req) {
             Some(k) => {
                 if self.allow_keys.is_some() || self.deny_keys.is_some() {
-                    let listed = |l: &Option<KeyList>| l.as_ref().is_some_and(|l| (l.contains)(&k));
+                    let listed = |l: &Option<KeyList>| l.as_ref().is_some_and(|l| l.contains(&k));
                     if listed(&self.deny_keys) {
                         return Begin::Now(Next::Refuse(self.deny(req)));
                     }
@@ -552,7 +262,10 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                 }
             },
         };
-        let index = self.key.policy(req, key.as_ref(), &installed.set).0;
+        let index = match &self.chooser {
+            None => 0,
+            Some(c) => self.flavour.choose(c, req, key.as_ref(), &installed.set),
+        };
         // Resolved for the key once: a partial rollout's limits, enforced or in shadow.
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
         let cost = self.cost.cost(req);
@@ -748,48 +461,4 @@ pub(crate) struct At<'a, P> {
     index: usize,
     policy: &'a Policy,
     cost: u64,
-}
-
-/// A layer's one warning about keyless requests whose extractor says why (the server is
-/// not set up to give it what it needs: no connection address, no matched route), since
-/// such a setup quietly puts every client into one bucket. Shared by every layer kind.
-#[derive(Debug, Default)]
-pub(crate) struct KeylessWarning(AtomicBool);
-
-impl KeylessWarning {
-    #[cold]
-    pub(crate) fn keyless<Req, X: KeyExtractor<Req>>(
-        &self,
-        key: &X,
-        req: &Req,
-        label: &str,
-        missing: MissingKey,
-        kind: &str,
-    ) {
-        if self.0.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Some(why) = key.misconfiguration(req) {
-            if !self.0.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    target: "tollgate",
-                    limiter = %label,
-                    missing_key = ?missing,
-                    "{kind} key missing: {why} (logged once per layer)"
-                );
-            }
-        }
-    }
-}
-
-/// Counts refusals in a window of one second: the first store failure of each second is
-/// logged at `warn`, the others at `debug` (an outage would otherwise log every request).
-#[derive(Debug, Default)]
-pub(crate) struct OncePerSecond(AtomicU64);
-
-impl OncePerSecond {
-    /// Whether this is the first call in the current second of `now_secs`.
-    pub(crate) fn first(&self, now_secs: u64) -> bool {
-        self.0.swap(now_secs, Ordering::Relaxed) != now_secs
-    }
 }

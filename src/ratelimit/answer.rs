@@ -1,46 +1,72 @@
-//! [`RateLimit`]: the HTTP middleware service made by [`crate::RateLimitLayer`], and how
-//! the HTTP layer answers (its flavour of the core).
+//! How the HTTP layer answers (its flavour of the core): fields on admitted responses,
+//! refusals as `429` with a problem body or a gRPC status, the decision hook, exemptions and
+//! the settling of costs from responses.
 
-use std::{
-    fmt,
-    future::Future,
-    hash::Hash,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
-use http_body::Body;
-use pin_project_lite::pin_project;
-use tower_service::Service;
 
+use super::access::Access;
 use crate::{
-    access::Access,
-    cost::Cost,
+    decision::Decision,
     error::StoreError,
-    future::Machine,
-    key::{KeyExtractor, RequestHead},
-    layer::{DecisionEvent, Hook},
-    limiter::{Flavour, Limiter, Prepare, Screen, Settlement, Verdict},
-    policy::Policy,
-    response::{
-        grpc, own_answer, Answers, Extra, Fields, Pending, RateLimitBody, ResponseHead,
-        ResponseHeaders, SettleRule,
-    },
-    store::Store,
+    key::RequestHead,
+    limiter::{Flavour, Prepare, Screen, Settlement, Verdict},
+    policy::{choose::Chooser, Policy, PolicySet},
+    response::{grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule},
 };
+
+/// What a decision hook is given: the request's head, the decision, and the name of the
+/// policy that applied. See [`Builder::on_decision`].
+#[derive(Debug)]
+pub struct DecisionEvent<'a> {
+    pub(crate) head: RequestHead<'a>,
+    pub(crate) decision: &'a Decision,
+    pub(crate) policy: Option<&'a str>,
+}
+
+impl<'a> DecisionEvent<'a> {
+    /// The request's method, URI, headers and extensions.
+    pub fn request(&self) -> &RequestHead<'a> {
+        &self.head
+    }
+
+    /// The decision: admitted or refused, remaining units, retry-after.
+    pub fn decision(&self) -> &'a Decision {
+        self.decision
+    }
+
+    /// The name of the policy that applied, in the layer's set (`None` for a layer of one
+    /// unnamed policy).
+    pub fn policy(&self) -> Option<&'a str> {
+        self.policy
+    }
+}
+
+/// A decision hook. See [`Builder::on_decision`].
+pub(crate) type Hook = Arc<dyn Fn(&DecisionEvent<'_>, &mut HeaderMap) + Send + Sync>;
 
 /// How the HTTP layer answers: the layer's response settings, its exemptions and deny
 /// lists, and how it settles costs from responses.
-pub(crate) struct Http {
+#[derive(Default)]
+pub struct Http {
     pub(crate) answers: Answers,
     pub(crate) expose: bool,
     pub(crate) shadow_header: Option<HeaderName>,
     pub(crate) hook: Option<Hook>,
     pub(crate) access: Access,
     pub(crate) settle: Option<SettleRule>,
+}
+
+impl std::fmt::Debug for Http {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Http")
+            .field("answers", &self.answers)
+            .field("expose", &self.expose)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Prepare for Http {
@@ -180,114 +206,24 @@ impl<B> Flavour<Request<B>> for Http {
     fn route<'r>(&self, req: &'r Request<B>) -> Option<&'r str> {
         Some(RequestHead::of(req).route())
     }
-}
-
-/// The HTTP rate-limit service. Made by [`crate::RateLimitLayer`]; see the
-/// [crate docs](crate).
-///
-/// It keeps the inner service's error type and answers refusals with a response, so an
-/// axum `Router` stays infallible. `poll_ready` only forwards to the inner service; the
-/// decision is made in `call`.
-pub struct RateLimit<S, X, St, C> {
-    pub(crate) inner: S,
-    pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
-}
-
-impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
-    fn clone(&self) -> Self {
-        RateLimit {
-            inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<S: fmt::Debug, X, St, C> fmt::Debug for RateLimit<S, X, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-type HttpMachine<S, B> = Machine<
-    S,
-    Request<B>,
-    <S as Service<Request<B>>>::Future,
-    Box<Response<Bytes>>,
-    ResponseHeaders,
->;
-
-pin_project! {
-    /// The response future of [`RateLimit`]. No allocation on the in-memory path.
-    pub struct ResponseFuture<S, B>
-    where
-        S: Service<Request<B>>,
-    {
-        #[pin]
-        machine: HttpMachine<S, B>,
-    }
-}
-
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
-where
-    S: Service<Request<B>>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ResponseFuture")
-            .field(&self.machine)
-            .finish()
-    }
-}
-
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-{
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().machine.poll_machine(
-            cx,
-            |result, extra| {
-                let mut response = result?.map(RateLimitBody::inner);
-                if let Some(mut h) = extra {
-                    if let Some(pending) = h.extra.as_mut().and_then(|x| x.settle.take()) {
-                        pending.settle(&ResponseHead::of(&response));
-                    }
-                    h.apply(response.headers_mut());
-                }
-                Ok(response)
-            },
-            |response| Ok((*response).map(RateLimitBody::full)),
-        )
-    }
-}
-
-impl<S, X, St, C, B, ResBody> Service<Request<B>> for RateLimit<S, X, St, C>
-where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
-    B: Send + 'static,
-    ResBody: 'static,
-    X: KeyExtractor<Request<B>> + Send + Sync + 'static,
-    X::Key: Hash + Clone + Send + Sync + 'static,
-    St: Store<Option<X::Key>>,
-    C: Cost<Request<B>> + Send + Sync + 'static,
-    ResBody: Body<Data = Bytes>,
-{
-    type Response = Response<RateLimitBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
 
     #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let begin = self.limiter.begin(&mut req);
-        Machine::start(begin, &mut self.inner, req, |machine| ResponseFuture {
-            machine,
-        })
+    fn choose<K: 'static>(
+        &self,
+        chooser: &Chooser,
+        req: &Request<B>,
+        key: Option<&K>,
+        set: &PolicySet,
+    ) -> usize
+    where
+        Request<B>: 'static,
+    {
+        chooser
+            .get::<HeadSelect<K>>()
+            .map_or(0, |select| select(&RequestHead::of(req), key, set))
     }
 }
+
+/// The HTTP layer's selector of a policy, over the request's head and its key.
+pub(crate) type HeadSelect<K> =
+    Box<dyn Fn(&RequestHead<'_>, Option<&K>, &PolicySet) -> usize + Send + Sync>;

@@ -1,0 +1,102 @@
+//! How a layer answers: the flavour of the core each layer implements.
+
+use std::fmt;
+
+use http::StatusCode;
+
+use crate::{
+    decision::Decision,
+    error::StoreError,
+    policy::{choose::Chooser, Policy, PolicySet},
+};
+
+/// What a layer prepares for each policy when a set is installed (the HTTP layer's
+/// formatted header values), so that no request formats them.
+pub(crate) trait Prepare: Send + Sync + 'static {
+    type Prepared: Send + Sync + 'static;
+
+    fn prepare(&self, name: Option<&str>, policy: &Policy) -> Self::Prepared;
+}
+
+/// A decided request as a flavour sees it.
+pub(crate) struct Verdict<'a, P> {
+    pub(crate) decision: &'a Decision,
+    pub(crate) name: Option<&'a str>,
+    pub(crate) prepared: &'a P,
+    /// The limits in shadow for this request's key, by index (bit `i`: limit `i`).
+    pub(crate) shadow_mask: u8,
+}
+
+/// How a layer answers: what a refusal is (a response, an error) and what an admitted
+/// request carries to its response.
+pub(crate) trait Flavour<Req>: Prepare {
+    type Refusal;
+    type Extra;
+
+    fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
+    /// What an admitted request carries to its response (none: the response goes out as
+    /// the inner service made it), with the settlement of its cost when the layer settles
+    /// costs from responses.
+    fn admit(
+        &self,
+        req: &mut Req,
+        v: &Verdict<'_, Self::Prepared>,
+        settle: Option<Settlement>,
+    ) -> Option<Self::Extra>;
+    fn failed(&self, req: &Req, error: StoreError) -> Self::Refusal;
+    fn keyless(&self, req: &Req, status: StatusCode) -> Self::Refusal;
+    /// The answer to a request on a deny list.
+    fn denied(&self, req: &Req) -> Self::Refusal;
+    /// What the layer's own rules say of a request before its key is read (skipped, or
+    /// its address on a list).
+    fn screen(&self, req: &Req) -> Screen;
+    /// Whether admitted requests settle their cost from their response.
+    fn settles(&self) -> bool;
+    /// The route, for events.
+    fn route<'r>(&self, req: &'r Req) -> Option<&'r str>;
+    /// The index in `set` of the policy the layer's selector picks for `req` and `key`.
+    fn choose<K: 'static>(
+        &self,
+        chooser: &Chooser,
+        req: &Req,
+        key: Option<&K>,
+        set: &PolicySet,
+    ) -> usize
+    where
+        Req: 'static;
+}
+
+/// What a layer's exemption and deny rules say of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// Limited as usual.
+    Limit,
+    /// Never limited: no state, no rate-limit fields.
+    Exempt,
+    /// Refused (`403` on HTTP).
+    Deny,
+}
+
+/// The cost of an admitted request still to be settled from its response: call it with
+/// the real cost; dropped, the reserved cost stays charged.
+pub(crate) struct Settlement {
+    /// The units charged when the request was admitted.
+    pub(crate) reserved: u64,
+    pub(super) settle: Box<dyn FnOnce(u64) + Send>,
+}
+
+impl fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settlement")
+            .field("reserved", &self.reserved)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settlement {
+    /// Charges or refunds the difference between `actual` and the reserved cost (and
+    /// bans the key when the layer bans and this counted request exhausted its limit).
+    pub(crate) fn settle(self, actual: u64) {
+        (self.settle)(actual);
+    }
+}

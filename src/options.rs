@@ -1,0 +1,99 @@
+//! What every layer shares: what to do with a request that has no key
+//! ([`MissingKey`]), what to do when the store fails ([`OnStoreError`]), and lists of keys
+//! never limited or always refused.
+
+use std::{
+    any::{Any, TypeId},
+    fmt,
+    hash::Hash,
+    sync::Arc,
+};
+
+use http::StatusCode;
+
+use crate::error::ConfigError;
+
+/// What to do with a request from which no key can be extracted. Never silently unlimited
+/// unless you choose [`MissingKey::Allow`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// All keyless requests share one bucket of the same limit (the default): a missing
+    /// `x-api-key` is limited like one anonymous client; a server started without
+    /// `ConnectInfo` is limited as a whole, which shows at once instead of passing silently.
+    #[default]
+    Shared,
+    /// Refuse keyless requests: with this status (e.g. `400`) and a problem body on HTTP,
+    /// with [`KeyMissing`](crate::error::KeyMissing) on the generic layer. A `401` must
+    /// carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
+    /// scheme (see the `authenticated_user` example).
+    Reject(StatusCode),
+    /// Let keyless requests through unlimited.
+    Allow,
+}
+
+/// What to do when the store fails (a custom store returned an error). The Redis store
+/// applies its own failure policy and does not return errors here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Admit the request. The default, as at Stripe and in Envoy: a limiter outage must
+    /// not become an API outage.
+    #[default]
+    FailOpen,
+    /// Refuse it: `503` with a `temporary-reduced-capacity` problem body for HTTP, a
+    /// [`StoreError`] for the generic middleware.
+    FailClosed,
+}
+
+/// Whether a key (of the list's type) is on the list.
+type Contains = dyn Fn(&dyn Any) -> bool + Send + Sync;
+
+/// A list of keys (allowed or denied) for a key type fixed when it was given, matched
+/// without the limiter knowing that type.
+#[derive(Clone)]
+pub(crate) struct KeyList {
+    key_type: TypeId,
+    key_type_name: &'static str,
+    contains: Arc<Contains>,
+}
+
+impl KeyList {
+    pub(crate) fn new<K, I>(keys: I) -> Self
+    where
+        K: Hash + Eq + Send + Sync + 'static,
+        I: IntoIterator<Item = K>,
+    {
+        let set: std::collections::HashSet<K> = keys.into_iter().collect();
+        KeyList {
+            key_type: TypeId::of::<K>(),
+            key_type_name: std::any::type_name::<K>(),
+            contains: Arc::new(move |k| k.downcast_ref::<K>().is_some_and(|k| set.contains(k))),
+        }
+    }
+
+    /// Whether `key` (of the list's key type) is on the list.
+    #[inline]
+    pub(crate) fn contains(&self, key: &dyn Any) -> bool {
+        (self.contains)(key)
+    }
+
+    pub(crate) fn check<K: 'static>(&self) -> Result<(), ConfigError> {
+        if self.key_type == TypeId::of::<K>() {
+            return Ok(());
+        }
+        Err(ConfigError::KeyList(format!(
+            "a key list of {} for keys of type {}",
+            self.key_type_name,
+            std::any::type_name::<K>()
+        )))
+    }
+}
+
+impl fmt::Debug for KeyList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyList")
+            .field("key_type", &self.key_type_name)
+            .finish_non_exhaustive()
+    }
+}
