@@ -180,11 +180,11 @@ impl Error for StoreError {
 /// read when to retry. See [`crate::generic`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimited {
-    decision: crate::Decision,
+    decision: crate::decision::Decision,
 }
 
 impl RateLimited {
-    pub(crate) fn new(decision: crate::Decision) -> Self {
+    pub(crate) fn new(decision: crate::decision::Decision) -> Self {
         RateLimited { decision }
     }
 
@@ -195,7 +195,7 @@ impl RateLimited {
     }
 
     /// The full decision: the limits that refused, remaining units, reset times.
-    pub fn decision(&self) -> &crate::Decision {
+    pub fn decision(&self) -> &crate::decision::Decision {
         &self.decision
     }
 }

@@ -199,3 +199,9 @@ mod tests {
         assert!(HeaderKey::new("").is_err());
     }
 }
+
+impl crate::store::KeyBytes for HeaderBytes {
+    fn write_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}

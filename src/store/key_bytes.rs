@@ -71,12 +71,6 @@ impl KeyBytes for http::HeaderValue {
     }
 }
 
-impl KeyBytes for crate::key::HeaderBytes {
-    fn write_key(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.as_bytes());
-    }
-}
-
 impl KeyBytes for http::Method {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_str().as_bytes());

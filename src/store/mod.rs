@@ -58,7 +58,7 @@ pub trait Store<K>: Send + Sync + 'static {
     /// Whether this store can decide `policy` exactly (a network store may refuse some
     /// quotas). Layers call it for every policy when they are built and when their
     /// policies are swapped; the default accepts every policy.
-    fn supports(&self, policy: &Policy) -> Result<(), crate::ConfigError> {
+    fn supports(&self, policy: &Policy) -> Result<(), crate::error::ConfigError> {
         let _ = policy;
         Ok(())
     }
@@ -212,7 +212,7 @@ impl<T> Future for StoreFuture<T> {
 impl<T> Unpin for StoreFuture<T> {}
 
 impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
-    fn supports(&self, policy: &Policy) -> Result<(), crate::ConfigError> {
+    fn supports(&self, policy: &Policy) -> Result<(), crate::error::ConfigError> {
         (**self).supports(policy)
     }
     fn default_policy(&self) -> Option<Policy> {
