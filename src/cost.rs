@@ -18,8 +18,6 @@
 //! assert_eq!(by_size.cost(&req), 4);
 //! ```
 
-use std::fmt;
-
 /// The cost of a request in units of the quota. Implemented by [`UnitCost`] (every request
 /// costs 1, the default) and by closures through [`cost_fn`]. See the [module docs](self).
 pub trait Cost<Req> {
@@ -38,25 +36,34 @@ impl<Req> Cost<Req> for UnitCost {
     }
 }
 
-/// A [`Cost`] from a closure; built by [`cost_fn`].
-#[derive(Clone, Copy)]
-pub struct CostFn<F>(F);
+pub use closure::cost_fn;
 
-/// Weighs requests with a closure: by route, by header, by declared body size. See the
-/// [module docs](self).
-pub fn cost_fn<F>(f: F) -> CostFn<F> {
-    CostFn(f)
-}
+/// A cost from a closure, unnamed: users hold it through [`Cost`].
+mod closure {
+    use std::fmt;
 
-impl<F> fmt::Debug for CostFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CostFn")
+    use super::Cost;
+
+    /// A [`Cost`](super::Cost) from a closure; built by [`cost_fn`].
+    #[derive(Clone, Copy)]
+    pub struct CostFn<F>(F);
+
+    /// Weighs requests with a closure: by route, by header, by declared body size. See the
+    /// [module docs](super).
+    pub fn cost_fn<F>(f: F) -> CostFn<F> {
+        CostFn(f)
     }
-}
 
-impl<Req, F: Fn(&Req) -> u64> Cost<Req> for CostFn<F> {
-    #[inline]
-    fn cost(&self, req: &Req) -> u64 {
-        (self.0)(req)
+    impl<F> fmt::Debug for CostFn<F> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("CostFn")
+        }
+    }
+
+    impl<Req, F: Fn(&Req) -> u64> Cost<Req> for CostFn<F> {
+        #[inline]
+        fn cost(&self, req: &Req) -> u64 {
+            (self.0)(req)
+        }
     }
 }

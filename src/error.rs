@@ -26,7 +26,7 @@ pub enum ConfigError {
         period: Duration,
     },
     /// A value is too large: the bucket's time horizon (burst, queue and period together)
-    /// must stay below [`crate::quota::MAX_HORIZON`].
+    /// must stay below 2^62 ns (about 146 years).
     Overflow(&'static str),
     /// A burst was set on an algorithm that has none (the strict leaky meter, windows).
     BurstNotApplicable(&'static str),

@@ -28,7 +28,7 @@ use crate::error::ConfigError;
 
 /// The longest time horizon a bucket may span, in nanoseconds (2^62 ns, about 146 years).
 /// Burst, queue and period together must fit in it, so time arithmetic never overflows.
-pub const MAX_HORIZON: u64 = 1 << 62;
+pub(crate) const MAX_HORIZON: u64 = 1 << 62;
 
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
@@ -114,7 +114,7 @@ impl Quota {
         Ok(q)
     }
 
-    /// Checks that `(burst + 1) * T` fits in [`MAX_HORIZON`] (the queue's room is checked
+    /// Checks that `(burst + 1) * T` fits in `MAX_HORIZON` (the queue's room is checked
     /// where a queue is configured, in `Limit::new`).
     pub(crate) fn check_horizon(&self) -> Result<(), ConfigError> {
         match self

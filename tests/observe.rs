@@ -20,7 +20,7 @@ use tollgate::{
     error::StoreError,
     key::{Global, HeaderBytes, HeaderKey, RequestHead},
     store::OnStoreError,
-    store::{CheckFuture, MemoryStore, Store, StoreFuture},
+    store::{MemoryStore, Store, StoreFuture},
     Decision, Policy, RateLimitLayer,
 };
 use tower::ServiceExt;
@@ -100,10 +100,10 @@ impl Store<Option<()>> for Degraded {
     fn default_policy(&self) -> Option<Policy> {
         Some("1/s".parse().unwrap())
     }
-    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(Decision::without_state(self.outcome, self.source, 1)))
+    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> StoreFuture<Decision> {
+        StoreFuture::ready(Ok(Decision::without_state(self.outcome, self.source, 1)))
     }
-    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
+    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> StoreFuture<Decision> {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}

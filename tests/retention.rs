@@ -15,10 +15,12 @@ use std::{
 };
 
 use axum::{routing::get, Router};
+/// The memory store's default budget, 32 MiB.
+const DEFAULT_MAX_BYTES: usize = 32 << 20;
+
 use tollgate::{
     key::{Global, HeaderKey},
     store::MemoryStore,
-    store::DEFAULT_MAX_BYTES,
     Limit, Quota, RateLimitLayer,
 };
 

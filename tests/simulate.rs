@@ -158,9 +158,8 @@ async fn the_simulator_decides_as_the_middleware_does() {
             let sim_as_served = match *sim {
                 Fate::Admitted { wait } => Fate::Admitted { wait },
                 Fate::Refused { retry_after } => Fate::Refused {
-                    retry_after: retry_after.map(|r| {
-                        tollgate::response::retry_after_secs(std::time::Duration::from_nanos(r))
-                    }),
+                    retry_after: retry_after
+                        .map(|r| retry_after_secs(std::time::Duration::from_nanos(r))),
                 },
             };
             assert_eq!(
@@ -403,4 +402,9 @@ fn patterns_are_what_they_say() {
         let err = sim::pattern(spec).unwrap_err().to_string();
         assert!(err.contains(needle), "{spec}: {err}");
     }
+}
+
+/// `Retry-After` as tollgate sends it: the wait in whole seconds, rounded up.
+fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }

@@ -11,7 +11,7 @@ use tollgate::{
     generic::RateLimited,
     key::Global,
     store::OnStoreError,
-    store::{CheckFuture, Store, StoreFuture},
+    store::{Store, StoreFuture},
     Decision, Limit, Policy, Quota, RateLimitLayer,
 };
 use tower::BoxError;
@@ -36,18 +36,18 @@ impl Store<Option<()>> for Broken {
     fn default_policy(&self) -> Option<Policy> {
         Some(self.policy.clone())
     }
-    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> CheckFuture {
+    fn decide(&self, _: &Option<()>, _: &Policy, _: u64) -> StoreFuture<Decision> {
         let err = StoreError::Timeout(Duration::from_millis(20));
         if self.pending {
-            CheckFuture::boxed(async move {
+            StoreFuture::boxed(async move {
                 tokio::task::yield_now().await;
                 Err(err)
             })
         } else {
-            CheckFuture::ready(Err(err))
+            StoreFuture::ready(Err(err))
         }
     }
-    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> CheckFuture {
+    fn preview(&self, key: &Option<()>, policy: &Policy, cost: u64) -> StoreFuture<Decision> {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &Policy, _: u64) {}

@@ -17,11 +17,11 @@ use crate::{
     options::KeyList,
     policy::{choose::Chooser, PolicyHandle, PolicyName, PolicySet},
     ratelimit::Builder,
-    store::{DefaultStore, Store, StoreFuture},
+    store::{MemoryStore, Store, StoreFuture},
 };
 
 /// The layer for any `tower::Service`. See the [module docs](super).
-pub struct RateLimitLayer<X = Global, St = DefaultStore<()>, C = UnitCost> {
+pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost> {
     pub(crate) limiter: Arc<Limiter<X, St, C, Generic>>,
 }
 
@@ -134,7 +134,9 @@ impl<X, C> Builder<X, C, Generic> {
 
     /// Builds the layer for requests of type `Req`, with the in-memory store (following
     /// tokio's clock, so paused-time tests drive it).
-    pub fn build<Req>(self) -> Result<RateLimitLayer<X, DefaultStore<X::Key>, C>, ConfigError>
+    pub fn build<Req>(
+        self,
+    ) -> Result<RateLimitLayer<X, MemoryStore<Option<X::Key>>, C>, ConfigError>
     where
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,

@@ -34,7 +34,6 @@ mod layer;
 mod service;
 
 pub use self::layer::RateLimitLayer;
-pub use self::service::RateLimit;
 
 /// Configures a generic [`RateLimitLayer`]: made by [`RateLimitLayer::builder`]. The
 /// setters every rate-limit layer has, and this layer's own `select`, key lists and

@@ -1,4 +1,7 @@
-//! Combinators: tuples of extractors (all parts together) and [`Or`] (a fallback).
+//! Combinators: tuples of extractors (all parts together), [`Or`] (a fallback), and
+//! [`key_fn`] (a closure).
+
+use std::fmt;
 
 use super::KeyExtractor;
 
@@ -91,6 +94,36 @@ pub trait KeyExtractorExt: Sized {
 }
 
 impl<T> KeyExtractorExt for T {}
+
+/// A [`KeyExtractor`](super::KeyExtractor) made from a closure; built by [`key_fn`].
+///
+/// See the [module docs](super).
+#[derive(Clone, Copy)]
+pub struct KeyFn<F> {
+    f: F,
+}
+
+/// Adapts a closure `Fn(&Req) -> Option<K>` into a [`KeyExtractor`](super::KeyExtractor).
+pub fn key_fn<F>(f: F) -> KeyFn<F> {
+    KeyFn { f }
+}
+
+impl<F> fmt::Debug for KeyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyFn").finish_non_exhaustive()
+    }
+}
+
+impl<Req, K, F> KeyExtractor<Req> for KeyFn<F>
+where
+    F: Fn(&Req) -> Option<K>,
+{
+    type Key = K;
+
+    fn extract(&self, req: &Req) -> Option<K> {
+        (self.f)(req)
+    }
+}
 
 #[cfg(test)]
 mod tests {

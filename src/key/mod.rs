@@ -83,20 +83,18 @@ mod json;
 #[cfg(feature = "jwt")]
 pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};
-pub use self::composite::{KeyExtractorExt, Or};
-pub use self::extension::{ExtensionKey, ExtensionMap};
+pub use self::composite::{key_fn, KeyExtractorExt};
+pub use self::extension::ExtensionKey;
 pub use self::grpc::GrpcMethod;
 pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
 #[cfg(feature = "json")]
-pub use self::json::{JsonField, JsonFieldFuture, JsonFieldKey, JsonFieldLayer, JsonFieldService};
+pub use self::json::{JsonField, JsonFieldKey, JsonFieldLayer};
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;
 pub use self::route::{Global, MethodKey};
 pub use crate::options::MissingKey;
-
-use std::fmt;
 
 /// Reads the rate-limit key out of a request.
 ///
@@ -128,33 +126,3 @@ pub(crate) const NO_PEER_ADDRESS: &str = "the request carries no connection addr
      the app with `into_make_service_with_connect_info::<SocketAddr>()`, enable tollgate's \
      `tonic` feature for a tonic server, or insert the peer `SocketAddr` into the request \
      extensions";
-
-/// A [`KeyExtractor`] made from a closure; built by [`key_fn`].
-///
-/// See the [module docs](self).
-#[derive(Clone, Copy)]
-pub struct KeyFn<F> {
-    f: F,
-}
-
-/// Adapts a closure `Fn(&Req) -> Option<K>` into a [`KeyExtractor`].
-pub fn key_fn<F>(f: F) -> KeyFn<F> {
-    KeyFn { f }
-}
-
-impl<F> fmt::Debug for KeyFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyFn").finish_non_exhaustive()
-    }
-}
-
-impl<Req, K, F> KeyExtractor<Req> for KeyFn<F>
-where
-    F: Fn(&Req) -> Option<K>,
-{
-    type Key = K;
-
-    fn extract(&self, req: &Req) -> Option<K> {
-        (self.f)(req)
-    }
-}

@@ -8,7 +8,7 @@ use crate::{
     error::ConfigError,
     options::{KeyList, MissingKey, OnStoreError},
     policy::{choose::Chooser, IntoPolicy, Policy, PolicySet},
-    store::{DefaultStore, MemoryStore, Store},
+    store::{MemoryStore, Store},
 };
 
 /// What both layers' builders configure besides the key, the cost and the answers: the
@@ -112,7 +112,9 @@ impl Settings {
 
     /// The set, and the in-memory store a layer builds for itself (under the layer's
     /// label and memory budget).
-    pub(crate) fn memory_store<K>(&mut self) -> Result<(PolicySet, DefaultStore<K>), ConfigError>
+    pub(crate) fn memory_store<K>(
+        &mut self,
+    ) -> Result<(PolicySet, MemoryStore<Option<K>>), ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,
     {

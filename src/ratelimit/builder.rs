@@ -147,7 +147,7 @@ impl<X, C, F> Builder<X, C, F> {
     /// The limiter for the built-in store, keyed by `K`.
     pub(crate) fn limiter_in_memory<K>(
         mut self,
-    ) -> Result<Arc<Limiter<X, crate::store::DefaultStore<K>, C, F>>, ConfigError>
+    ) -> Result<Arc<Limiter<X, crate::store::MemoryStore<Option<K>>, C, F>>, ConfigError>
     where
         F: Prepare,
         K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,

@@ -20,7 +20,7 @@ use crate::{
     options::KeyList,
     policy::{choose::Chooser, PolicyName},
     response::{Rejection, ResponseHead, SettleRule},
-    store::{DefaultStore, Store},
+    store::{MemoryStore, Store},
 };
 
 /// The HTTP layer's own setters. See [`RateLimitLayer::builder`].
@@ -343,7 +343,7 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Builds the layer for HTTP requests with the in-memory store (following tokio's
     /// clock, so paused-time tests drive it).
-    pub fn build<K>(self) -> Result<RateLimitLayer<X, DefaultStore<K>, C>, ConfigError>
+    pub fn build<K>(self) -> Result<RateLimitLayer<X, MemoryStore<Option<K>>, C>, ConfigError>
     where
         X: KeyExtractor<Request<()>, Key = K>,
         K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
@@ -353,7 +353,9 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Builds the layer with the in-memory store, for extractors that only work on one
     /// request type (a closure over `Request<axum::body::Body>`).
-    pub fn build_for<Req>(self) -> Result<RateLimitLayer<X, DefaultStore<X::Key>, C>, ConfigError>
+    pub fn build_for<Req>(
+        self,
+    ) -> Result<RateLimitLayer<X, MemoryStore<Option<X::Key>>, C>, ConfigError>
     where
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,

@@ -12,7 +12,7 @@ use crate::{
     key::{Global, KeyExtractor},
     limiter::Limiter,
     policy::{PolicyHandle, PolicySet},
-    store::{DefaultStore, Store, StoreFuture},
+    store::{MemoryStore, Store, StoreFuture},
 };
 
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
@@ -24,7 +24,7 @@ use crate::{
 ///
 /// Type parameters: `X` the [`KeyExtractor`], `St` the [`Store`], `C` the
 /// [`Cost`](crate::cost::Cost).
-pub struct RateLimitLayer<X = Global, St = DefaultStore<()>, C = UnitCost> {
+pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost> {
     pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
 }
 
@@ -91,7 +91,7 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
     }
 }
 
-impl<X> RateLimitLayer<X, DefaultStore<<X as KeyExtractor<Request<()>>>::Key>, UnitCost>
+impl<X> RateLimitLayer<X, MemoryStore<Option<<X as KeyExtractor<Request<()>>>::Key>>, UnitCost>
 where
     X: KeyExtractor<Request<()>>,
     X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,

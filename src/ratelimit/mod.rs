@@ -30,4 +30,3 @@ mod service;
 pub use self::answer::DecisionEvent;
 pub use self::builder::Builder;
 pub use self::layer::RateLimitLayer;
-pub use self::service::RateLimit;

@@ -10,11 +10,15 @@ use http::{
     HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
 };
 
-use super::{grpc, ResponseHead};
-use crate::{
-    decision::Decision, decision::Outcome, decision::MAX_LIMITS, limiter::Settlement,
-    policy::Policy,
+use super::{
+    grpc,
+    settle::Pending,
+    values::{
+        json_escape, push_u64, retry_after_secs, seconds_value, sf_string, shared_value, Exact,
+        Item,
+    },
 };
+use crate::{decision::Decision, decision::Outcome, decision::MAX_LIMITS, policy::Policy};
 
 pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -29,36 +33,7 @@ pub(crate) const QUOTA_EXCEEDED: &str =
 
 /// A custom rejection: builds the refusal from the decision. The middleware still adds
 /// `Retry-After` and the `RateLimit` fields when the closure did not set them.
-pub type Rejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
-
-/// "10" to "99" back to back: `Retry-After` values below 100 are slices of static text, so
-/// they cost no allocation.
-const TWO_DIGITS: &str = "101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
-
-/// A header value for a whole number of seconds; no allocation below 100.
-fn seconds_value(secs: u64) -> HeaderValue {
-    match secs {
-        0..=9 => {
-            let i = secs as usize;
-            HeaderValue::from_static(&"0123456789"[i..i + 1])
-        }
-        10..=99 => {
-            let i = (secs as usize - 10) * 2;
-            HeaderValue::from_static(&TWO_DIGITS[i..i + 2])
-        }
-        _ => HeaderValue::from(secs),
-    }
-}
-
-/// Whole seconds for `Retry-After` / `t`, rounded up: any wait above zero is at least 1.
-pub fn retry_after_secs(wait: Duration) -> u64 {
-    let secs = wait.as_secs();
-    if wait.subsec_nanos() > 0 {
-        secs + 1
-    } else {
-        secs
-    }
-}
+pub(crate) type Rejection = Arc<dyn Fn(&Decision) -> Response<Bytes> + Send + Sync>;
 
 /// The layer's choices for its responses (the same for every policy).
 pub(crate) struct Answers {
@@ -145,32 +120,6 @@ pub(crate) struct Extra {
     pub(crate) settle: Option<Pending>,
 }
 
-/// How the HTTP layer settles a cost from a response: the real cost, given the response
-/// and the reserved cost.
-pub(crate) type SettleRule = Arc<dyn Fn(&ResponseHead<'_>, u64) -> u64 + Send + Sync>;
-
-/// A cost to settle once the response is known.
-pub(crate) struct Pending {
-    pub(crate) settlement: Settlement,
-    pub(crate) rule: SettleRule,
-}
-
-impl fmt::Debug for Pending {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pending")
-            .field("settlement", &self.settlement)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Pending {
-    /// Settles the cost from `response`.
-    pub(crate) fn settle(self, response: &ResponseHead<'_>) {
-        let actual = (self.rule)(response, self.settlement.reserved);
-        self.settlement.settle(actual);
-    }
-}
-
 impl ResponseHeaders {
     /// How many fields [`ResponseHeaders::apply`] adds at most.
     fn len(&self) -> usize {
@@ -223,110 +172,6 @@ impl Extra {
 }
 
 /// A `RateLimit` field value of one item, `"name";r=N;t=S` (`prefix` is `"name";r=`).
-pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> HeaderValue {
-    let mut numbers = [itoa::Buffer::new(); 2];
-    let [r, t] = &mut numbers;
-    let item = Item(prefix, r.format(remaining), t.format(secs));
-    let mut v = Exact::new(item.len());
-    v.item(&item);
-    v.value()
-}
-
-/// `prefix` followed by `n` (an item with one parameter, `"name";r=N`).
-pub(crate) fn prefixed_value(prefix: &[u8], n: u64) -> HeaderValue {
-    let mut number = itoa::Buffer::new();
-    let n = number.format(n);
-    let mut v = Exact::new(prefix.len() + n.len());
-    v.push(prefix);
-    v.push(n.as_bytes());
-    v.value()
-}
-
-/// A header value from formatted bytes whose clones share one allocation.
-pub(crate) fn shared_value(bytes: Vec<u8>) -> HeaderValue {
-    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
-        .unwrap_or_else(|_| HeaderValue::from_static(""));
-    // The first clone of bytes taken from a `Vec` allocates their shared counter: pay it
-    // here, at build time, not in the first response.
-    drop(value.clone());
-    value
-}
-
-fn json_escape(s: &str, out: &mut String) {
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c => out.push(c),
-        }
-    }
-}
-
-pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
-    out.push(b'"');
-    for b in s.bytes() {
-        if b == b'"' || b == b'\\' {
-            out.push(b'\\');
-        }
-        out.push(b);
-    }
-    out.push(b'"');
-}
-
-/// One `RateLimit` item's parts: its prefix (`"name";r=`), then the units left and the
-/// seconds until the next unit, formatted.
-struct Item<'a>(&'a [u8], &'a str, &'a str);
-
-impl Item<'_> {
-    /// The item's length, `;t=` included.
-    #[inline]
-    fn len(&self) -> usize {
-        self.0.len() + self.1.len() + 3 + self.2.len()
-    }
-}
-
-/// A header value's bytes written once into an allocation of their exact length, which
-/// the value then owns: no buffer to clear, no copy, one allocation.
-struct Exact(Vec<u8>);
-
-impl Exact {
-    #[inline]
-    fn new(len: usize) -> Self {
-        Exact(Vec::with_capacity(len))
-    }
-
-    #[inline]
-    fn push(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-
-    #[inline]
-    fn item(&mut self, Item(prefix, r, t): &Item<'_>) {
-        self.push(prefix);
-        self.push(r.as_bytes());
-        self.push(b";t=");
-        self.push(t.as_bytes());
-    }
-
-    /// The value (always valid: policy names were checked when the layer was built; the
-    /// empty value is the unreachable fallback). A `Vec` as long as its capacity becomes
-    /// `Bytes` without reallocating.
-    #[inline]
-    fn value(self) -> HeaderValue {
-        debug_assert_eq!(
-            self.0.len(),
-            self.0.capacity(),
-            "a value's length was miscounted"
-        );
-        HeaderValue::from_maybe_shared(Bytes::from(self.0))
-            .unwrap_or_else(|_| HeaderValue::from_static(""))
-    }
-}
-
-fn push_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-}
-
 pub(crate) fn problem_body(
     status: u16,
     title: &str,
@@ -663,6 +508,7 @@ pub fn refusal(decision: &Decision, policy: &Policy) -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::response::values::{prefixed_value, rate_limit_item};
 
     #[test]
     fn values_are_written_exactly() {

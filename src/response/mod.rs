@@ -56,14 +56,19 @@ mod body;
 mod format;
 pub(crate) mod grpc;
 mod head;
+mod settle;
+mod values;
 
 pub use body::RateLimitBody;
 #[cfg(feature = "json")]
 pub(crate) use format::plain;
+pub use format::refusal;
 pub(crate) use format::{
-    own_answer, prefixed_value, problem_body, quota_refusal, rate_limit_item, sf_string,
-    shared_value, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule, QUOTA_EXCEEDED,
-    RATELIMIT, RATELIMIT_POLICY,
+    own_answer, problem_body, quota_refusal, Answers, Extra, Fields, Rejection, ResponseHeaders,
+    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
 };
-pub use format::{refusal, retry_after_secs, Rejection};
 pub use head::ResponseHead;
+pub(crate) use settle::{Pending, SettleRule};
+pub(crate) use values::{
+    prefixed_value, rate_limit_item, retry_after_secs, sf_string, shared_value,
+};

@@ -1,7 +1,7 @@
 //! Where per-key state lives: the [`Store`] trait and the built-in [`MemoryStore`].
 //!
 //! A store answers "may this key spend `cost` now, under this [`Policy`]?". The
-//! in-memory store answers synchronously (its [`CheckFuture`] is ready at once and never
+//! in-memory store answers synchronously (its [`StoreFuture`] is ready at once and never
 //! allocates); a network store (Redis, feature `redis`) answers asynchronously behind the
 //! same named future type.
 //!
@@ -21,6 +21,7 @@ pub(crate) mod map;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod tables;
 pub(crate) mod tags;
 
 use std::{
@@ -37,12 +38,9 @@ pub use self::redis::{
 };
 pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;
-pub use memory::{MemoryStats, MemoryStore, DEFAULT_MAX_BYTES};
-
-/// The store a layer builds for itself: in memory, keyed by the extracted key (`None` for
-/// keyless requests under [`MissingKey::Shared`](crate::key::MissingKey::Shared)), on
-/// tokio's clock.
-pub type DefaultStore<K> = MemoryStore<Option<K>, crate::clock::TokioClock>;
+pub use memory::MemoryStore;
+pub(crate) use memory::DEFAULT_MAX_BYTES;
+pub use tables::MemoryStats;
 
 use crate::{decision::Decision, error::StoreError, policy::Policy, policy::PolicySet};
 
@@ -70,10 +68,10 @@ pub trait Store<K>: Send + Sync + 'static {
     }
 
     /// Decides for `key` under `policy` and charges `cost` when admitted.
-    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture;
+    fn decide(&self, key: &K, policy: &Policy, cost: u64) -> StoreFuture<Decision>;
 
     /// Decides for `key` under `policy` without charging anything.
-    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture;
+    fn preview(&self, key: &K, policy: &Policy, cost: u64) -> StoreFuture<Decision>;
 
     /// Decides and charges at once, when the store can without I/O (the memory store
     /// always can). `None`: use [`Store::decide`]. The middleware tries this first.
@@ -119,7 +117,7 @@ pub struct StoreFuture<T> {
 }
 
 /// The answer to a decision: see [`StoreFuture`].
-pub type CheckFuture = StoreFuture<Decision>;
+pub(crate) type CheckFuture = StoreFuture<Decision>;
 
 enum Inner<T> {
     Ready(Option<Result<T, StoreError>>),

@@ -166,15 +166,20 @@ impl tollgate::store::Store<Option<()>> for FailingStore {
     fn default_policy(&self) -> Option<tollgate::Policy> {
         Some("1/s".parse().unwrap())
     }
-    fn decide(&self, _: &Option<()>, _: &tollgate::Policy, _: u64) -> tollgate::store::CheckFuture {
-        tollgate::store::CheckFuture::ready(Err(down()))
+    fn decide(
+        &self,
+        _: &Option<()>,
+        _: &tollgate::Policy,
+        _: u64,
+    ) -> tollgate::store::StoreFuture<tollgate::Decision> {
+        tollgate::store::StoreFuture::ready(Err(down()))
     }
     fn preview(
         &self,
         key: &Option<()>,
         policy: &tollgate::Policy,
         cost: u64,
-    ) -> tollgate::store::CheckFuture {
+    ) -> tollgate::store::StoreFuture<tollgate::Decision> {
         self.decide(key, policy, cost)
     }
     fn refund(&self, _: &Option<()>, _: &tollgate::Policy, _: u64) {}

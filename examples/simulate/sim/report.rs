@@ -3,8 +3,6 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use tollgate::response::retry_after_secs;
-
 use super::{
     chart::chart_svg,
     replay::{downstream, Fate},
@@ -200,4 +198,9 @@ impl Report {
     pub fn svg(&self, title: &str) -> Result<String, SimError> {
         chart_svg(title, &self.runs())
     }
+}
+
+/// `Retry-After` as tollgate sends it: the wait in whole seconds, rounded up.
+fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }

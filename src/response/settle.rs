@@ -1,0 +1,33 @@
+//! Settling a cost from the response: the rule the HTTP layer was given (`count_when`,
+//! `settle_cost`) applied to the response of an admitted request.
+
+use std::{fmt, sync::Arc};
+
+use super::ResponseHead;
+use crate::limiter::Settlement;
+
+/// How the HTTP layer settles a cost from a response: the real cost, given the response
+/// and the reserved cost.
+pub(crate) type SettleRule = Arc<dyn Fn(&ResponseHead<'_>, u64) -> u64 + Send + Sync>;
+
+/// A cost to settle once the response is known.
+pub(crate) struct Pending {
+    pub(crate) settlement: Settlement,
+    pub(crate) rule: SettleRule,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("settlement", &self.settlement)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pending {
+    /// Settles the cost from `response`.
+    pub(crate) fn settle(self, response: &ResponseHead<'_>) {
+        let actual = (self.rule)(response, self.settlement.reserved);
+        self.settlement.settle(actual);
+    }
+}
