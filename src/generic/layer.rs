@@ -134,6 +134,7 @@ impl<X, C> Builder<X, C, Generic> {
 
     /// Builds the layer for requests of type `Req`, with the in-memory store (following
     /// tokio's clock, so paused-time tests drive it).
+    #[allow(clippy::type_complexity)] // the built-in store's type, spelled out for the docs
     pub fn build<Req>(
         self,
     ) -> Result<RateLimitLayer<X, MemoryStore<Option<X::Key>>, C>, ConfigError>

@@ -146,6 +146,12 @@ impl fmt::Debug for HeaderBytes {
     }
 }
 
+impl crate::store::KeyBytes for HeaderBytes {
+    fn write_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,11 +203,5 @@ mod tests {
             Err(ConfigError::InvalidHeaderName("bad name".into()))
         );
         assert!(HeaderKey::new("").is_err());
-    }
-}
-
-impl crate::store::KeyBytes for HeaderBytes {
-    fn write_key(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.as_bytes());
     }
 }

@@ -145,6 +145,7 @@ impl<X, C, F> Builder<X, C, F> {
     }
 
     /// The limiter for the built-in store, keyed by `K`.
+    #[allow(clippy::type_complexity)] // the built-in store's type, spelled out for the docs
     pub(crate) fn limiter_in_memory<K>(
         mut self,
     ) -> Result<Arc<Limiter<X, crate::store::MemoryStore<Option<K>>, C, F>>, ConfigError>

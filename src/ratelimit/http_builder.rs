@@ -353,6 +353,7 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Builds the layer with the in-memory store, for extractors that only work on one
     /// request type (a closure over `Request<axum::body::Body>`).
+    #[allow(clippy::type_complexity)] // the built-in store's type, spelled out for the docs
     pub fn build_for<Req>(
         self,
     ) -> Result<RateLimitLayer<X, MemoryStore<Option<X::Key>>, C>, ConfigError>
