@@ -6,7 +6,12 @@ use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 use http::Request;
 use tower_layer::Layer;
 
-use super::{answer::Answers, memory::MemoryInFlight, service::InFlightLimit, store::Limits};
+use super::{
+    answer::Answers,
+    memory::MemoryInFlight,
+    service::{InFlightLimit, Shared},
+    store::Limits,
+};
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
@@ -17,18 +22,6 @@ use crate::{
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
 /// says otherwise.
 pub(crate) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
-
-/// What every service of one layer shares.
-pub(crate) struct Shared<X, St> {
-    pub(crate) key: X,
-    pub(crate) store: St,
-    pub(crate) limits: Limits,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
-    pub(crate) answers: Arc<Answers>,
-    /// Whether the extractor's misconfiguration was logged already (once per layer).
-    pub(crate) warned: KeylessWarning,
-}
 
 /// Limits how many requests of each key are in flight at once: `.layer(InFlightLimitLayer::new(..))`
 /// on an axum `Router`, a route, or any tower HTTP service. See the

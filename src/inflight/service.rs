@@ -18,16 +18,28 @@ use tower_service::Service;
 use super::{
     answer::{Answers, Counted},
     body::InFlightBody,
-    layer::Shared,
-    store::{Acquiring, Attempt, InFlightStore, Outcome, Permit},
+    store::{Acquiring, Attempt, InFlightStore, Limits, Outcome, Permit},
 };
 use crate::{
     future::take_ready,
     gate::{Admission, Decide, GateFuture},
     key::KeyExtractor,
+    observe::KeylessWarning,
     options::{MissingKey, OnStoreError},
     response::{grpc, own_answer},
 };
+
+/// What every service of one layer shares.
+pub(crate) struct Shared<X, St> {
+    pub(crate) key: X,
+    pub(crate) store: St,
+    pub(crate) limits: Limits,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+    pub(crate) answers: Arc<Answers>,
+    /// Whether the extractor's misconfiguration was logged already (once per layer).
+    pub(crate) warned: KeylessWarning,
+}
 
 /// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
 /// see the [module docs](super).

@@ -5,7 +5,7 @@ use std::{fmt, sync::Arc};
 
 use crate::{algorithm::Limit, error::ConfigError};
 
-use super::Policy;
+use super::limits::Policy;
 
 /// Named policies, and the limits every one of them also applies. See the
 /// [module docs](super).

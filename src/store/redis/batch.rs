@@ -31,10 +31,7 @@ use std::{
 use redis::aio::ConnectionManager;
 use tokio::sync::oneshot;
 
-use super::{
-    script::{self, Mode},
-    store::run,
-};
+use super::script::{self, run, Mode};
 use crate::error::StoreError;
 
 /// Most requests in one batch call.

@@ -21,12 +21,12 @@ use crate::{
     decision::Decision,
     error::{ConfigError, StoreError},
     observe::StoreMetrics,
+    policy::Policy,
     store::{
         map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
         tags::Tags,
         CheckFuture, KeyBytes, Store, StoreFuture,
     },
-    Policy,
 };
 
 /// Keys synced concurrently in one round.

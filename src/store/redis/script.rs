@@ -364,3 +364,17 @@ pub(super) fn decode_sync(
     }
     Ok((now_ns, out))
 }
+
+/// Runs one invocation, loading the script again after `NOSCRIPT`.
+pub(super) async fn run<C: redis::aio::ConnectionLike>(
+    inv: &Invocation,
+    conn: &mut C,
+) -> redis::RedisResult<Vec<i64>> {
+    match inv.cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            inv.script.load_async(conn).await?;
+            inv.cmd.query_async(conn).await
+        }
+        r => r,
+    }
+}

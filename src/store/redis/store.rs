@@ -10,7 +10,7 @@ use super::{
     failure::{scaled_policy, FailurePolicy},
     keys,
     negative::NegativeCache,
-    script::{self, Mode},
+    script::{self, run, Mode},
 };
 use crate::{
     clock::{Clock, TokioClock},
@@ -139,20 +139,6 @@ impl RedisConnection {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
         }
-    }
-}
-
-/// Runs one invocation, loading the script again after `NOSCRIPT`.
-pub(super) async fn run<C: redis::aio::ConnectionLike>(
-    inv: &script::Invocation,
-    conn: &mut C,
-) -> redis::RedisResult<Vec<i64>> {
-    match inv.cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            inv.script.load_async(conn).await?;
-            inv.cmd.query_async(conn).await
-        }
-        r => r,
     }
 }
 
