@@ -45,7 +45,7 @@ pub enum ConfigError {
     },
     /// A policy with no limits in it.
     NoLimits,
-    /// More limits in one policy than [`crate::decision::MAX_LIMITS`].
+    /// More limits in one policy than the four a policy may combine.
     TooManyLimits(usize),
     /// A limit name that cannot be sent in a `RateLimit` header (it must be printable ASCII).
     InvalidName(String),
@@ -176,7 +176,7 @@ impl Error for StoreError {
     }
 }
 
-/// The refusal of the generic middleware: boxed into [`crate::BoxError`]; downcast it to
+/// The refusal of the generic middleware: boxed into `tower::BoxError`; downcast it to
 /// read when to retry. See [`crate::generic`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimited {

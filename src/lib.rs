@@ -38,10 +38,10 @@
 //!
 //! | builder method | algorithm | a rested client sends 20 at once against 5/s |
 //! |---|---|---|
-//! | [`Builder::token_bucket`] | GCRA / token bucket | up to the burst pass at once |
-//! | [`Builder::leaky_meter`] | leaky bucket as a meter | 1 passes, the rest are refused |
-//! | [`Builder::leaky_queue`] | leaky bucket as a queue (nginx `limit_req`) | each waits for its 200 ms slot, up to the queue size; the excess is refused |
-//! | [`Builder::limit`] with [`Limit::fixed_window`] / [`Limit::sliding_window`] | windows | up to the window's limit |
+//! | [`Builder::token_bucket`](crate::ratelimit::Builder::token_bucket) | GCRA / token bucket | up to the burst pass at once |
+//! | [`Builder::leaky_meter`](crate::ratelimit::Builder::leaky_meter) | leaky bucket as a meter | 1 passes, the rest are refused |
+//! | [`Builder::leaky_queue`](crate::ratelimit::Builder::leaky_queue) | leaky bucket as a queue (nginx `limit_req`) | each waits for its 200 ms slot, up to the queue size; the excess is refused |
+//! | [`Builder::limit`](crate::ratelimit::Builder::limit) with [`Limit::fixed_window`] / [`Limit::sliding_window`] | windows | up to the window's limit |
 //!
 //! Several `.limit(..)` calls combine: a request passes only if every limit admits it, and
 //! only then is every limit charged. [`cost::cost_fn`] weighs requests (by route, header,
@@ -54,13 +54,13 @@
 //! See [`key`]: the peer IP (IPv6 grouped by /56), the client IP behind *trusted* proxies
 //! only, a header (API key), a value an auth layer put in the extensions (user id,
 //! tenant), a verified bearer-token claim, the route, the method, one global key, or a
-//! combination. Requests without a key follow [`limiter::MissingKey`]; the default shares
+//! combination. Requests without a key follow [`key::MissingKey`]; the default shares
 //! one bucket among them and is never silently unlimited.
 //!
 //! # Plans, live changes, shadow limits
 //!
 //! A layer can hold several named policies and pick one per request
-//! ([`Builder::named_policy`], [`Builder::select`]): a free key gets 10 per minute, a pro
+//! ([`Builder::named_policy`](crate::ratelimit::Builder::named_policy), [`Builder::select`](crate::ratelimit::Builder::select)): a free key gets 10 per minute, a pro
 //! key 100, every key also 1 000 per day, in one layer, with one state per key that
 //! carries over when its plan changes. [`RateLimitLayer::policy_handle`] swaps the whole
 //! set while requests flow, keeping every key's state (see [`policy`] for how state
@@ -69,12 +69,12 @@
 //!
 //! # Counting what matters
 //!
-//! [`Builder::skip`], [`Builder::allow_ips`] and [`Builder::allow_keys`] exempt health
-//! checks and internal callers (never limited, no fields); [`Builder::deny_ips`] and
-//! [`Builder::deny_keys`] answer `403`. [`Builder::count_when`] counts only the responses
+//! [`Builder::skip`](crate::ratelimit::Builder::skip), [`Builder::allow_ips`](crate::ratelimit::Builder::allow_ips) and [`Builder::allow_keys`](crate::ratelimit::Builder::allow_keys) exempt health
+//! checks and internal callers (never limited, no fields); [`Builder::deny_ips`](crate::ratelimit::Builder::deny_ips) and
+//! [`Builder::deny_keys`](crate::ratelimit::Builder::deny_keys) answer `403`. [`Builder::count_when`](crate::ratelimit::Builder::count_when) counts only the responses
 //! that match (failed logins: each request is charged when admitted and refunded from its
-//! response, so concurrent attempts cannot overrun the limit), [`Builder::ban`] bans a key
-//! once a counted response takes its last unit, and [`Builder::settle_cost`] charges or
+//! response, so concurrent attempts cannot overrun the limit), [`Builder::ban`](crate::ratelimit::Builder::ban) bans a key
+//! once a counted response takes its last unit, and [`Builder::settle_cost`](crate::ratelimit::Builder::settle_cost) charges or
 //! refunds the difference between an estimated cost and the one the response reports.
 //! [`RateLimitLayer::reset`] forgets a key's state. [`InFlightLimitLayer`] bounds the
 //! requests of each key in flight at once (see [`inflight`]).
@@ -92,10 +92,10 @@
 //! layer on the route; the legacy `X-RateLimit-*` trio is opt-in. A refusal is
 //! `429 Too Many Requests` with `Retry-After`, `Cache-Control: no-store` and an
 //! `application/problem+json` body of type `quota-exceeded` naming the violated limits;
-//! [`Builder::on_rejection`] replaces it and [`response::refusal`] builds it for a
-//! handler that decides by hand. [`Builder::on_decision`] sees every decision with the
+//! [`Builder::on_rejection`](crate::ratelimit::Builder::on_rejection) replaces it and [`response::refusal`] builds it for a
+//! handler that decides by hand. [`Builder::on_decision`](crate::ratelimit::Builder::on_decision) sees every decision with the
 //! request's head. The [`Decision`] can be put into the request extensions for handlers
-//! ([`Builder::expose_decision`]).
+//! ([`Builder::expose_decision`](crate::ratelimit::Builder::expose_decision)).
 //!
 //! # Watching
 //!
@@ -125,11 +125,11 @@
 //! | `tollgate.store.keys` | gauge | `tollgate.store` |
 //! | `tollgate.store.evictions` | counter | `tollgate.store`, `tollgate.state` (`fresh`, `with_state`: evicted to fit the budget) |
 //!
-//! `tollgate.limiter` is the layer's label ([`Builder::label`], default `tollgate`),
+//! `tollgate.limiter` is the layer's label ([`Builder::label`](crate::ratelimit::Builder::label), default `tollgate`),
 //! `tollgate.policy` the policy's name in its set (`default` for a layer of one unnamed
 //! policy), `tollgate.store` the store's label (the layer's for the store a layer builds).
-//! A request refused for lack of a key ([`limiter::MissingKey::Reject`]) or by a failed
-//! store under [`limiter::OnStoreError::FailClosed`] is not a rate-limit decision: the
+//! A request refused for lack of a key ([`key::MissingKey::Reject`]) or by a failed
+//! store under [`store::OnStoreError::FailClosed`] is not a rate-limit decision: the
 //! first counts nowhere, the second in `degraded_decisions`.
 //!
 //! # gRPC
@@ -143,7 +143,7 @@
 //! # Any tower service
 //!
 //! [`generic::RateLimitLayer`] limits a service of any request type; a refusal is the
-//! typed error [`generic::RateLimited`] (boxed in [`BoxError`]) carrying the exact
+//! typed error [`generic::RateLimited`] (boxed in `tower::BoxError`) carrying the exact
 //! retry-after, so a `tower::retry` policy can wait exactly that long. A leaky queue makes a
 //! client wait for its slot instead, the usual choice in front of a third-party API.
 //!
@@ -151,7 +151,7 @@
 //!
 //! `store::RedisStore` decides every request with one Lua script, atomically on the Redis
 //! server and on the server's clock, so N instances enforce one limit; plug it in with
-//! [`Builder::build_with`]. Every call has a deadline (default 20 ms) and a circuit
+//! [`Builder::build_with`](crate::ratelimit::Builder::build_with). Every call has a deadline (default 20 ms) and a circuit
 //! breaker; on failure it fails open, fails closed, or falls back to a local limiter at a
 //! share of the quota (`store::FailurePolicy`); a refused client is refused locally until
 //! its retry-after without a Redis call. `store::LocalFirstStore` keeps Redis off the

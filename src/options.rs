@@ -42,7 +42,7 @@ pub enum OnStoreError {
     #[default]
     FailOpen,
     /// Refuse it: `503` with a `temporary-reduced-capacity` problem body for HTTP, a
-    /// [`StoreError`] for the generic middleware.
+    /// [`StoreError`](crate::error::StoreError) for the generic middleware.
     FailClosed,
 }
 

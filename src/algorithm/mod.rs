@@ -1,7 +1,7 @@
 //! The decision functions: pure, with time passed in.
 //!
 //! A [`Limit`] is a [`Quota`] under an [`Algorithm`]; a [`Policy`](crate::Policy) is one
-//! to [`MAX_LIMITS`] limits that must all admit a request (then all are charged, otherwise
+//! to four limits that must all admit a request (then all are charged, otherwise
 //! none). State is a few `u64` words per limit
 //! ([`Policy::state_words`](crate::Policy::state_words)); all zeros is a fresh key. Nothing here reads a clock, so every decision is reproducible.
 //!

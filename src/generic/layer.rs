@@ -53,7 +53,7 @@ impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
 }
 
 impl RateLimitLayer {
-    /// Starts a builder: one global limit, unit cost; pick a key with [`Builder::key`] and
+    /// Starts a builder: one global limit, unit cost; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and
     /// at least one limit.
     pub fn builder() -> Builder<Global, UnitCost, Generic> {
         Builder::new(Global::new(), UnitCost, Generic)

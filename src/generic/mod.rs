@@ -2,7 +2,7 @@
 //!
 //! [`RateLimitLayer`] limits a service of any request type: a job runner, an outbound
 //! client, a gRPC stub. A refusal is an error, [`RateLimited`], boxed into
-//! [`BoxError`](crate::BoxError); downcast it to read the exact retry-after. So it composes
+//! `tower::BoxError`; downcast it to read the exact retry-after. So it composes
 //! with `tower::timeout` and `tower::retry`. For a client calling a third-party API, a
 //! leaky-bucket queue makes calls wait for their slot instead of failing.
 //!

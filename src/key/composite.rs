@@ -1,4 +1,4 @@
-//! Combinators: tuples of extractors (all parts together), [`Or`] (a fallback), and
+//! Combinators: tuples of extractors (all parts together), `Or` (a fallback), and
 //! [`key_fn`] (a closure).
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! [`ExtensionKey`] and [`ExtensionMap`]: a value an earlier layer put in the request
+//! [`ExtensionKey`] and `ExtensionMap`: a value an earlier layer put in the request
 //! extensions.
 
 use std::{any::type_name, fmt, marker::PhantomData};

@@ -13,19 +13,19 @@
 //! | [`PeerIp`] | [`IpAddr`](std::net::IpAddr) | the TCP peer's address (axum's or, feature `tonic`, tonic's connect info); IPv6 grouped by /56 |
 //! | [`ClientIp`] | [`IpAddr`](std::net::IpAddr) | the client behind trusted proxies (`X-Forwarded-For` or `Forwarded`) |
 //! | [`HeaderKey`] | [`HeaderBytes`] | a header such as `x-api-key` (gRPC metadata too), length-capped |
-//! | [`ExtensionKey`] / [`ExtensionMap`] | `T` / `K` | a value an auth layer put in the extensions |
+//! | [`ExtensionKey`] / `ExtensionMap` | `T` / `K` | a value an auth layer put in the extensions |
 //! | `BearerClaim` (feature `jwt`) | `String` | a claim of the bearer JWT, verified |
 //! | `JsonField::key()` (feature `json`) | `JsonField` | a JSON body's field, read by `JsonFieldLayer` on the routes it wraps |
 //! | `MatchedRoute` (feature `axum`) | `String` | the matched axum route pattern |
 //! | [`GrpcMethod`] | `String` | a gRPC call's method, `/package.Service/Method` |
 //! | [`MethodKey`] | [`Method`](http::Method) | the request method |
 //! | [`Global`] | `()` | nothing: one limit for everyone |
-//! | [`KeyFn`] ([`key_fn`]) | any | your closure |
+//! | `KeyFn` ([`key_fn`]) | any | your closure |
 //!
 //! Combine them: a tuple of up to four extractors is an extractor whose key is the tuple
 //! of keys (`None` if any part is `None`), e.g. `(ClientIp, MatchedRoute)` for a limit per
 //! client per endpoint; [`KeyExtractorExt::or`] falls back to a second extractor with the
-//! same key type ([`Or`]).
+//! same key type (`Or`).
 //!
 //! # Client addresses
 //!

@@ -1,6 +1,6 @@
 //! Policies: the limits a request must pass, and named sets of them chosen per request.
 //!
-//! A [`Policy`] is one to [`MAX_LIMITS`] [`Limit`]s that must all admit
+//! A [`Policy`] is one to four [`Limit`](crate::Limit)s that must all admit
 //! a request (then all are charged, otherwise none). A [`PolicySet`] names several
 //! policies (plans: `free`, `pro`) plus limits every one of them also applies (a daily
 //! cap); a layer picks one per request with a selector, and a [`PolicyHandle`] swaps the

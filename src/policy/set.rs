@@ -83,7 +83,7 @@ impl PolicySet {
     ///
     /// [`ConfigError::PolicySet`] for no policy, a duplicate or unusable name;
     /// [`ConfigError::TooManyLimits`] when a policy and the common limits exceed
-    /// [`MAX_LIMITS`].
+    /// four.
     pub fn named<N: Into<String>>(
         policies: impl IntoIterator<Item = (N, Policy)>,
         every: impl IntoIterator<Item = Limit>,

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// What a decision hook is given: the request's head, the decision, and the name of the
-/// policy that applied. See [`Builder::on_decision`].
+/// policy that applied. See [`Builder::on_decision`](crate::ratelimit::Builder::on_decision).
 #[derive(Debug)]
 pub struct DecisionEvent<'a> {
     pub(crate) head: RequestHead<'a>,
@@ -44,7 +44,7 @@ impl<'a> DecisionEvent<'a> {
     }
 }
 
-/// A decision hook. See [`Builder::on_decision`].
+/// A decision hook. See [`Builder::on_decision`](crate::ratelimit::Builder::on_decision).
 pub(crate) type Hook = Arc<dyn Fn(&DecisionEvent<'_>, &mut HeaderMap) + Send + Sync>;
 
 /// How the HTTP layer answers: the layer's response settings, its exemptions and deny

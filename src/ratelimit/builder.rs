@@ -81,7 +81,7 @@ impl<X, C, F> Builder<X, C, F> {
         self.push(Ok(limit))
     }
 
-    /// Adds every limit of a policy, or of its text (see [`Builder::limit`]):
+    /// Adds every limit of a policy, or of its text (see [`Builder::limit`](crate::ratelimit::Builder::limit)):
     /// `.policy("100/s burst 200")`. A bad text is reported by `build`.
     pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
         self.settings.policy(policy);
@@ -104,15 +104,15 @@ impl<X, C, F> Builder<X, C, F> {
     }
 
     /// Adds a named policy (a plan): the layer's `select` picks one per request, the first
-    /// is the fallback. The limits of [`Builder::limit`] apply to every named policy too.
+    /// is the fallback. The limits of [`Builder::limit`](crate::ratelimit::Builder::limit) apply to every named policy too.
     /// See [`crate::policy`].
     pub fn named_policy(mut self, name: impl Into<String>, policy: impl IntoPolicy) -> Self {
         self.settings.named_policy(name.into(), policy);
         self
     }
 
-    /// Uses a whole policy set (read from a file, say) instead of [`Builder::limit`] and
-    /// [`Builder::named_policy`].
+    /// Uses a whole policy set (read from a file, say) instead of [`Builder::limit`](crate::ratelimit::Builder::limit) and
+    /// [`Builder::named_policy`](crate::ratelimit::Builder::named_policy).
     pub fn policies(mut self, set: PolicySet) -> Self {
         self.settings.policies(set);
         self

@@ -29,7 +29,7 @@ impl<X, C> Builder<X, C, Http> {
     /// what an auth layer inserted (a plan), by route. A name the set lacks gets the
     /// fallback; a selector returning a closed set of names ([`PolicyName::all_names`],
     /// an enum of plans) is checked against the set when the layer is built. Call it after
-    /// [`Builder::key`].
+    /// [`Builder::key`](crate::ratelimit::Builder::key).
     ///
     /// ```
     /// use tollgate::{key::{HeaderBytes, HeaderKey, RequestHead}, RateLimitLayer};
@@ -62,7 +62,7 @@ impl<X, C> Builder<X, C, Http> {
     }
 
     /// Never limits these keys (an internal caller's API key): no state, no rate-limit
-    /// fields. Call it after [`Builder::key`]; the keys are of the type it extracts.
+    /// fields. Call it after [`Builder::key`](crate::ratelimit::Builder::key); the keys are of the type it extracts.
     ///
     /// ```
     /// use tollgate::{key::HeaderKey, RateLimitLayer};
@@ -87,7 +87,7 @@ impl<X, C> Builder<X, C, Http> {
     }
 
     /// Refuses these keys (a leaked or abusive API key) with `403 Forbidden` and a problem
-    /// body. See [`Builder::allow_keys`].
+    /// body. See [`Builder::allow_keys`](crate::ratelimit::Builder::allow_keys).
     pub fn deny_keys<K, I>(mut self, keys: I) -> Self
     where
         X: KeyExtractor<Request<()>, Key = K>,
@@ -131,7 +131,7 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Builds refusals with a closure instead. `Retry-After`, `Cache-Control: no-store`
     /// and the rate-limit fields are still added when the closure did not set them. gRPC
-    /// requests keep their gRPC refusal unless [`Builder::grpc_status`] is off.
+    /// requests keep their gRPC refusal unless [`Builder::grpc_status`](crate::ratelimit::Builder::grpc_status) is off.
     pub fn on_rejection<F>(mut self, f: F) -> Self
     where
         F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
@@ -191,7 +191,7 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Never limits the requests `skip` returns `true` for (health checks, internal
     /// routes): no state, no rate-limit fields. Exempt is not keyless:
-    /// [`Builder::on_missing_key`] stays about requests without a key.
+    /// [`Builder::on_missing_key`](crate::ratelimit::Builder::on_missing_key) stays about requests without a key.
     ///
     /// ```
     /// use tollgate::{key::PeerIp, RateLimitLayer};
@@ -215,7 +215,7 @@ impl<X, C> Builder<X, C, Http> {
 
     /// Never limits clients whose address is in one of these blocks (`10.0.0.0/8`,
     /// `2001:db8::/32`, or one address). The address is the connection's peer, or what
-    /// [`Builder::client_ip`] finds behind your proxies. A bad block is reported by
+    /// [`Builder::client_ip`](crate::ratelimit::Builder::client_ip) finds behind your proxies. A bad block is reported by
     /// `build`.
     pub fn allow_ips<I, S>(mut self, cidrs: I) -> Self
     where
@@ -244,7 +244,7 @@ impl<X, C> Builder<X, C, Http> {
         self
     }
 
-    /// Where [`Builder::allow_ips`] and [`Builder::deny_ips`] read the client's address:
+    /// Where [`Builder::allow_ips`](crate::ratelimit::Builder::allow_ips) and [`Builder::deny_ips`](crate::ratelimit::Builder::deny_ips) read the client's address:
     /// behind reverse proxies, the address they forward (trusted only from them). The
     /// default is the connection's peer address.
     pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
@@ -256,7 +256,7 @@ impl<X, C> Builder<X, C, Http> {
     /// request is charged when admitted (so that concurrent requests cannot overrun the
     /// limit) and refunded when its response is not to be counted. A request whose
     /// response never comes (an error, a dropped future) stays charged. Replaces
-    /// [`Builder::settle_cost`].
+    /// [`Builder::settle_cost`](crate::ratelimit::Builder::settle_cost).
     ///
     /// ```
     /// use http::StatusCode;
@@ -279,7 +279,7 @@ impl<X, C> Builder<X, C, Http> {
         self
     }
 
-    /// Bans a key for `ban` once a counted response (see [`Builder::count_when`]) takes
+    /// Bans a key for `ban` once a counted response (see [`Builder::count_when`](crate::ratelimit::Builder::count_when)) takes
     /// its last unit (fail2ban): after the 5th failed login of `5/15min`, say, the user is
     /// refused for the whole ban instead of until one failure is forgotten. Every limit of
     /// the layer's policies must be a token bucket, meter or queue (a window cannot hold a
@@ -303,10 +303,10 @@ impl<X, C> Builder<X, C, Http> {
     }
 
     /// Settles each request's cost from its response: the request is charged its
-    /// estimated cost (the [`Builder::cost`]) when admitted, then `cost` reads the real one
+    /// estimated cost (the [`Builder::cost`](crate::ratelimit::Builder::cost)) when admitted, then `cost` reads the real one
     /// (bytes sent, rows, tokens used, from a header or an extension); the difference is
     /// charged (the key may go over its limit, and then waits it out) or refunded. `None`
-    /// keeps the estimate. Replaces [`Builder::count_when`].
+    /// keeps the estimate. Replaces [`Builder::count_when`](crate::ratelimit::Builder::count_when).
     ///
     /// ```
     /// use tollgate::{cost::cost_fn, key::HeaderKey, RateLimitLayer};
@@ -377,7 +377,7 @@ impl<X, C> Builder<X, C, Http> {
         self.build_with_for::<Request<()>, St>(store)
     }
 
-    /// [`Builder::build_with`] for a specific request type.
+    /// [`Builder::build_with`](crate::ratelimit::Builder::build_with) for a specific request type.
     pub fn build_with_for<Req, St>(self, store: St) -> Result<RateLimitLayer<X, St, C>, ConfigError>
     where
         X: KeyExtractor<Req>,

@@ -118,7 +118,7 @@ where
 
 impl RateLimitLayer {
     /// Starts a builder: one global limit, unit cost, IETF headers and problem+json bodies
-    /// on; pick a key with [`Builder::key`] and at least one limit.
+    /// on; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and at least one limit.
     pub fn builder() -> Builder<Global, UnitCost, Http> {
         Builder::new(Global::new(), UnitCost, Http::default())
     }

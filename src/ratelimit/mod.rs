@@ -1,6 +1,6 @@
 //! The HTTP rate-limit layer: [`RateLimitLayer`] and its [`Builder`].
 //!
-//! A request's way through it: [`RateLimit`](service::RateLimit)'s `call` asks the core
+//! A request's way through it: the service's `call` asks the core
 //! (`limiter`) for a decision, which screens the request (`access`), extracts its key,
 //! picks its policy, asks the store and hands the decision to the HTTP flavour (`answer`):
 //! the fields for an admitted response, or a refusal. The response future (`future`)

@@ -3,8 +3,8 @@
 use http::{Extensions, HeaderMap, Response, StatusCode};
 
 /// The head of an HTTP response (status, headers, extensions), borrowed, whatever its
-/// body type: what [`Builder::count_when`](crate::Builder::count_when) and
-/// [`Builder::settle_cost`](crate::Builder::settle_cost) see.
+/// body type: what [`Builder::count_when`](crate::ratelimit::Builder::count_when) and
+/// [`Builder::settle_cost`](crate::ratelimit::Builder::settle_cost) see.
 ///
 /// ```
 /// use tollgate::response::ResponseHead;

@@ -22,10 +22,10 @@
 //! exact retry delay, to the nanosecond. `Retry-After` and the IETF fields are sent too, as
 //! metadata. The layer's other answers to a gRPC request are statuses as well: a failed
 //! store under fail-closed is `UNAVAILABLE`, a deny list `PERMISSION_DENIED`, and a keyless
-//! request under [`MissingKey::Reject`](crate::limiter::MissingKey::Reject) the code that means what the HTTP status
+//! request under [`MissingKey::Reject`](crate::key::MissingKey::Reject) the code that means what the HTTP status
 //! means (`401` `UNAUTHENTICATED`, `400` `INVALID_ARGUMENT`, `403` `PERMISSION_DENIED`).
-//! A custom rejection closure ([`Builder::on_rejection`](crate::Builder::on_rejection)) answers HTTP requests only; turn the gRPC
-//! answers off with [`Builder::grpc_status`](crate::Builder::grpc_status)`(false)` to have it answer everything.
+//! A custom rejection closure ([`Builder::on_rejection`](crate::ratelimit::Builder::on_rejection)) answers HTTP requests only; turn the gRPC
+//! answers off with [`Builder::grpc_status`](crate::ratelimit::Builder::grpc_status)`(false)` to have it answer everything.
 //!
 //! ```
 //! use http_body_util::Empty;

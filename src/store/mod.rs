@@ -62,7 +62,7 @@ pub trait Store<K>: Send + Sync + 'static {
     }
 
     /// The policy the store was built for, if any: what a layer given no limit of its own
-    /// applies ([`Builder::build_with`](crate::Builder::build_with)).
+    /// applies ([`Builder::build_with`](crate::ratelimit::Builder::build_with)).
     fn default_policy(&self) -> Option<Policy> {
         None
     }
