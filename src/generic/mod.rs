@@ -11,7 +11,7 @@
 //! use tollgate::{generic::{RateLimitLayer, RateLimited}, key::key_fn, Quota};
 //! use tower::{Service, ServiceBuilder, ServiceExt};
 //!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), tollgate::BoxError> {
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), tower::BoxError> {
 //! struct Job { tenant: u32 }
 //! let layer = RateLimitLayer::builder()
 //!     .key(key_fn(|job: &Job| Some(job.tenant)))
@@ -19,7 +19,7 @@
 //!     .build::<Job>()?;
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(layer)
-//!     .service_fn(|job: Job| async move { Ok::<_, tollgate::BoxError>(job.tenant) });
+//!     .service_fn(|job: Job| async move { Ok::<_, tower::BoxError>(job.tenant) });
 //!
 //! assert_eq!(svc.ready().await?.call(Job { tenant: 1 }).await?, 1);
 //! let err = svc.ready().await?.call(Job { tenant: 1 }).await.unwrap_err();
