@@ -205,6 +205,8 @@ pub mod limiter;
 mod observe;
 pub mod policy;
 pub mod quota;
+#[cfg(feature = "redis")]
+mod redis;
 pub mod response;
 mod service;
 pub mod store;

@@ -5,8 +5,8 @@ use std::time::Duration;
 use crate::{
     algorithm::{Algorithm, Limit},
     error::ConfigError,
+    policy::Policy,
     quota::Quota,
-    Policy,
 };
 
 /// What a [`RedisStore`](super::RedisStore) decides when Redis fails, times out, or its
