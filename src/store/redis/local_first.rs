@@ -16,7 +16,6 @@ use super::{
 use crate::{
     decision::Decision,
     error::{ConfigError, StoreError},
-    observe::StoreMetrics,
     policy::Policy,
     redis::{KeyNames, RedisConnection},
     store::{CheckFuture, KeyBytes, Store, StoreFuture},
@@ -192,16 +191,13 @@ impl RedisStoreBuilder {
         interval: Duration,
     ) -> Result<LocalFirstStore, ConfigError> {
         self.check_common()?;
-        let common = &self.common;
-        let metrics = StoreMetrics::new(&format!("{}-local", common.namespace));
         let shared = Shared::new(
             connection.into(),
-            KeyNames::new(&common.namespace, KEYS, self.readable_keys),
+            KeyNames::new(&self.common.namespace, KEYS, self.readable_keys),
             self.policy,
             interval.max(Duration::from_millis(10)),
             self.max_bytes,
-            metrics,
-            (common.clock(), common.clock.is_some()),
+            &self.common,
         )?;
         Ok(LocalFirstStore {
             inner: Arc::new(shared),

@@ -16,7 +16,7 @@ use crate::{
     error::{ConfigError, StoreError},
     observe::StoreMetrics,
     policy::Policy,
-    redis::{within, KeyNames, RedisConnection},
+    redis::{within, Common, KeyNames, RedisConnection},
     store::{
         map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
         tags::Tags,
@@ -93,17 +93,17 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// The state of a store deciding under `policy` on `clock` (`overrides`: the syncs
-    /// send the clock's time instead of the server's), within `max_bytes`.
+    /// The state of a store deciding under `policy` within `max_bytes`, on the clock,
+    /// and labelled by the namespace, of `common`.
     pub(super) fn new(
         conn: RedisConnection,
         names: KeyNames,
         policy: Policy,
         interval: Duration,
         max_bytes: usize,
-        metrics: StoreMetrics,
-        clock: (Arc<dyn Clock>, bool),
+        common: &Common,
     ) -> Result<Self, ConfigError> {
+        let metrics = StoreMetrics::new(&format!("{}-local", common.namespace));
         Ok(Shared {
             conn,
             names,
@@ -112,8 +112,8 @@ impl Shared {
             map: ShardedMap::new(max_bytes, default_shards(), metrics)?,
             tags: Tags::new(),
             hasher: KeyHasher::default(),
-            clock: clock.0,
-            overrides: clock.1,
+            clock: common.clock(),
+            overrides: common.clock.is_some(),
             offset: AtomicI64::new(0),
             started: AtomicBool::new(false),
             rounds: AtomicU64::new(0),

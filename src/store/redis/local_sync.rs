@@ -17,6 +17,8 @@ use crate::{algorithm::MAX_WORDS, error::StoreError, policy::Policy, store::map}
 const CONCURRENCY: usize = 16;
 
 impl Shared {
+    /// One round: every key used since the last one is pushed and pulled, by up to
+    /// [`CONCURRENCY`] tasks. Returns how many keys were reconciled.
     pub(super) async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
         let mut batch: Vec<(Vec<u8>, u64, u32)> = Vec::new();
         self.map.for_each_one(|e| {

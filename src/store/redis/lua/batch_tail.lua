@@ -1,4 +1,4 @@
-    -- (batch_head.lua, gcra_decay.lua, then this.)
+    -- (After batch_head.lua and gcra_decay.lua: this closes `if f then`.)
     end
     if fill then
       local inc = cost * lt

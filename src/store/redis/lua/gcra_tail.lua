@@ -1,6 +1,6 @@
+-- (After gcra_head.lua and gcra_decay.lua: this closes `if raw then`.)
 end
 
--- (gcra_head.lua, gcra_decay.lua, then this.)
 local inc = tonumber(ARGV[2]) * t
 -- A cost of zero is admitted at once and writes nothing, even on a state in debt (a
 -- settled cost above its estimate, a sync) whose fill is above the cap.

@@ -1,4 +1,4 @@
-      -- (general_head.lua, gcra_decay.lua, then this.)
+      -- (After general_head.lua and gcra_decay.lua, inside `parse`.)
       o = { k = 1, t = d, cap = size, fill = fill }
       p = p + 3
     else
