@@ -208,6 +208,8 @@ pub mod error;
 pub mod key;
 pub mod policy;
 pub mod quota;
+#[cfg(feature = "redis")]
+mod redis;
 pub mod response;
 pub mod store;
 

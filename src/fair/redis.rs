@@ -6,19 +6,19 @@ use std::{
     time::Duration,
 };
 
-use redis::Script;
+use ::redis::Script;
 
 use super::{
     share::{FairDecision, Pool, Share, MAX_SHARE_INTERVAL},
     store::{sealed::Backend, FairStore},
 };
 use crate::{
-    clock::{Clock, TokioClock},
+    clock::Clock,
     error::{ConfigError, StoreError},
-    store::{
-        redis::{keys, Breaker, BreakerState},
-        KeyBytes, RedisConnection, StoreFuture,
+    redis::{
+        common_setters, key_prefix, push_sha1_hex, Breaker, BreakerState, Common, RedisConnection,
     },
+    store::{KeyBytes, StoreFuture},
 };
 
 static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis.lua")));
@@ -28,75 +28,28 @@ static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("red
 const OVERRIDE_SLACK_MS: u64 = 3_600_000;
 
 /// Builds a [`RedisFair`]. Made by [`RedisFair::builder`].
-#[derive(Clone)]
+#[derive(Clone, Debug)]
+#[must_use]
 pub struct RedisFairBuilder {
-    namespace: String,
-    deadline: Duration,
-    breaker: (u32, Duration),
-    clock: Option<Arc<dyn Clock>>,
+    common: Common,
 }
 
-impl fmt::Debug for RedisFairBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisFairBuilder")
-            .field("namespace", &self.namespace)
-            .field("deadline", &self.deadline)
-            .field("breaker", &self.breaker)
-            .field("clock_override", &self.clock.is_some())
-            .finish()
-    }
-}
+common_setters!(RedisFairBuilder, clock);
 
 impl RedisFairBuilder {
-    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
-    /// braces. Layers and instances share a pool when they share a namespace and a label.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// The most one Redis call may take (default 20 ms). A call that misses it counts as
-    /// a failure, which the layer's `OnStoreError` answers.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
-    /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
-    /// meanwhile requests get the layer's `OnStoreError` answer at once instead of each
-    /// waiting out the deadline. Then one probe call goes through and closes it again on
-    /// success.
-    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.breaker = (failures, cooldown);
-        self
-    }
-
-    /// Decides on `clock` instead of the Redis server's `TIME`: for tests and simulations
-    /// under a [`ManualClock`](crate::clock::ManualClock), where every instance must share
-    /// the clock (state gets an hour of extra TTL, since Redis expires keys in real time).
-    /// In production keep the server's clock, so that instances with drifting clocks agree.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
     /// Builds the store on `connection`. Refuses a bad namespace and a zero deadline.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisFair, ConfigError> {
-        keys::check_namespace(&self.namespace)?;
-        keys::check_deadline(self.deadline)?;
-        // The breaker's cooldown runs on the store's clock, so tests drive it too.
-        let breaker_clock: Arc<dyn Clock> = match &self.clock {
-            Some(c) => Arc::clone(c),
-            None => Arc::new(TokioClock::new()),
-        };
+        let common = self.common;
+        common.check_namespace()?;
+        common.check_deadline()?;
         Ok(RedisFair {
             inner: Arc::new(Inner {
                 conn: connection.into(),
-                prefix: format!("{}:fair:v1:{{", self.namespace),
-                deadline: self.deadline,
-                breaker: Breaker::new(self.breaker.0, self.breaker.1, breaker_clock),
-                clock: self.clock,
+                prefix: key_prefix(&common.namespace, "fair:v1"),
+                deadline: common.deadline,
+                // The breaker's cooldown runs on the store's clock, so tests drive it too.
+                breaker: common.breaker(common.clock()),
+                clock: common.clock,
             }),
         })
     }
@@ -114,7 +67,7 @@ struct Inner {
     conn: RedisConnection,
     /// `{namespace}:fair:v1:{`: the label and `}` follow (the pool's key), then `:` and
     /// the key's hash (the key's).
-    prefix: String,
+    prefix: Vec<u8>,
     deadline: Duration,
     breaker: Breaker,
     clock: Option<Arc<dyn Clock>>,
@@ -123,7 +76,7 @@ struct Inner {
 impl fmt::Debug for RedisFair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisFair")
-            .field("prefix", &self.inner.prefix)
+            .field("prefix", &String::from_utf8_lossy(&self.inner.prefix))
             .field("deadline", &self.inner.deadline)
             .field("breaker", &self.inner.breaker.state())
             .finish_non_exhaustive()
@@ -135,10 +88,7 @@ impl RedisFair {
     /// for 500 ms, the server's clock.
     pub fn builder() -> RedisFairBuilder {
         RedisFairBuilder {
-            namespace: "tollgate".into(),
-            deadline: Duration::from_millis(20),
-            breaker: (3, Duration::from_millis(500)),
-            clock: None,
+            common: Common::default(),
         }
     }
 
@@ -156,7 +106,7 @@ impl RedisFair {
 impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
     fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
         let inner = &*self.inner;
-        let mut pool_key = inner.prefix.clone().into_bytes();
+        let mut pool_key = inner.prefix.clone();
         pool_key.extend_from_slice(pool.label.as_bytes());
         pool_key.push(b'}');
         let mut key_key = pool_key.clone();
@@ -166,7 +116,7 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 // The key's bytes hashed: API keys and addresses stay out of SCAN output.
                 let mut material = Vec::new();
                 k.write_key(&mut material);
-                keys::push_sha1_hex(&mut key_key, &material);
+                push_sha1_hex(&mut key_key, &material);
             }
             None => key_key.extend_from_slice(b"-"),
         }

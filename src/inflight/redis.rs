@@ -12,21 +12,18 @@ use std::{
     time::Duration,
 };
 
-use redis::Script;
+use ::redis::Script;
 use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
 
 use super::store::{
     sealed::Backend, Acquiring, Attempt, InFlightStore, Limits, Outcome, Permit, Release,
 };
 use crate::{
-    clock::TokioClock,
     error::{ConfigError, StoreError},
+    limiter::OncePerSecond,
     observe::outage,
-    observe::OncePerSecond,
-    store::{
-        redis::{keys, within, Breaker, BreakerState},
-        KeyBytes, RedisConnection,
-    },
+    redis::{common_setters, within, Breaker, BreakerState, Common, KeyNames, RedisConnection},
+    store::KeyBytes,
 };
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
@@ -96,42 +93,18 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct RedisInFlightBuilder {
-    namespace: String,
+    common: Common,
     ttl: Duration,
-    deadline: Duration,
-    breaker: (u32, Duration),
 }
 
-impl RedisInFlightBuilder {
-    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
-    /// braces. Layers and instances share counts when they share a namespace and a key.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
+common_setters!(RedisInFlightBuilder);
 
+impl RedisInFlightBuilder {
     /// How long a lease lives unless renewed (default 30 s); held leases are renewed every
     /// third of it. An instance that dies holding leases has them back in Redis within
     /// this time. Whole milliseconds, at least 30 ms.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
-        self
-    }
-
-    /// The most one Redis call may take (default 20 ms). A call that misses it counts as
-    /// a failure, which the layer's `OnStoreError` answers.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
-    /// (default 3) and stays open for `cooldown` (default 500 ms): meanwhile requests get
-    /// the layer's `OnStoreError` answer at once instead of each waiting out the
-    /// deadline. Then one probe call goes through and closes it again on success.
-    /// Leases are given back whatever its state.
-    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.breaker = (failures, cooldown);
         self
     }
 
@@ -141,23 +114,25 @@ impl RedisInFlightBuilder {
         self,
         connection: impl Into<RedisConnection>,
     ) -> Result<RedisInFlight, ConfigError> {
-        keys::check_namespace(&self.namespace)?;
+        let common = &self.common;
+        common.check_namespace()?;
         if self.ttl < Duration::from_millis(30) || self.ttl > Duration::from_secs(366 * 86_400) {
             return Err(ConfigError::Store(format!(
                 "the lease TTL must be between 30 ms and a year; it is {:?}",
                 self.ttl
             )));
         }
-        keys::check_deadline(self.deadline)?;
+        common.check_deadline()?;
         let ttl_ms = self.ttl.as_millis() as u64;
         Ok(RedisInFlight {
             leases: Arc::new(Leases {
                 conn: connection.into(),
-                prefix: format!("{}:inflight:v1:{{", self.namespace).into_bytes(),
+                names: KeyNames::new(&common.namespace, "inflight:v1", false),
                 ttl_ms: itoa::Buffer::new().format(ttl_ms).as_bytes().into(),
                 period: Duration::from_millis(ttl_ms / 3),
-                deadline: self.deadline,
-                breaker: Breaker::new(self.breaker.0, self.breaker.1, Arc::new(TokioClock::new())),
+                deadline: common.deadline,
+                // No clock can be set: the breaker runs on tokio's.
+                breaker: common.breaker(common.clock()),
                 instance: format!("{:016x}", random_u64()),
                 counter: AtomicU64::new(0),
                 held: Mutex::new(Held::default()),
@@ -181,7 +156,7 @@ impl fmt::Debug for RedisInFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let l = &self.leases;
         f.debug_struct("RedisInFlight")
-            .field("prefix", &String::from_utf8_lossy(&l.prefix))
+            .field("prefix", &String::from_utf8_lossy(l.names.prefix()))
             .field("lease_ttl", &String::from_utf8_lossy(&l.ttl_ms))
             .field("deadline", &l.deadline)
             .field("breaker", &l.breaker.state())
@@ -196,10 +171,8 @@ impl RedisInFlight {
     /// open after 3 failures for 500 ms.
     pub fn builder() -> RedisInFlightBuilder {
         RedisInFlightBuilder {
-            namespace: "tollgate".into(),
+            common: Common::default(),
             ttl: Duration::from_secs(30),
-            deadline: Duration::from_millis(20),
-            breaker: (3, Duration::from_millis(500)),
         }
     }
 
@@ -211,9 +184,10 @@ impl RedisInFlight {
     /// How many requests of `key` are in flight now, across every instance (live leases).
     pub async fn in_flight<K: KeyBytes + ?Sized>(&self, key: &K) -> Result<u32, StoreError> {
         // The layer's keys are `Option<K>`: `Some(k)` writes `+` and then `k`.
-        let mut material = vec![b'+'];
-        key.write_key(&mut material);
-        let rkey = keys::redis_key(&self.leases.prefix, material.as_slice(), false);
+        let rkey = self.leases.names.key(|out| {
+            out.push(b'+');
+            key.write_key(out);
+        });
         let reply = self.leases.call(&COUNT, &rkey, &[]).await?;
         match reply.as_slice() {
             [n] => Ok(u32::try_from(*n).unwrap_or(u32::MAX)),
@@ -234,7 +208,7 @@ impl RedisInFlight {
 
 impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisInFlight {
     fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
-        let rkey: Arc<[u8]> = keys::redis_key(&self.leases.prefix, &key, false).into();
+        let rkey: Arc<[u8]> = self.leases.names.key(|out| key.write_key(out)).into();
         let (leases, limits) = (Arc::clone(&self.leases), *limits);
         Attempt::Later(Acquiring::new(
             async move { leases.acquire(rkey, limits).await },
@@ -246,7 +220,7 @@ impl<K: KeyBytes + Send + Sync + 'static> InFlightStore<K> for RedisInFlight {}
 
 struct Leases {
     conn: RedisConnection,
-    prefix: Vec<u8>,
+    names: KeyNames,
     /// The TTL in ms, as the scripts' argument.
     ttl_ms: Box<[u8]>,
     /// Between two renewals.

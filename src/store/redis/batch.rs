@@ -28,11 +28,14 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use redis::aio::ConnectionManager;
+use ::redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::oneshot;
 
-use super::script::{self, run, Mode};
-use crate::error::StoreError;
+use super::script::{self, Args};
+use crate::{
+    error::StoreError,
+    redis::{run, Conn, Invocation, RedisConnection},
+};
 
 /// Most requests in one batch call.
 const MAX_BATCH: usize = 128;
@@ -45,14 +48,8 @@ const SECOND_CALL_AT: usize = 32;
 
 /// What one request asks of Redis.
 pub(super) enum Call {
-    /// A script call, with the arguments of [`script::invocation`].
-    Script {
-        mode: Mode,
-        cost: u64,
-        now_ns: Option<u64>,
-        limits: Vec<u64>,
-        general: bool,
-    },
+    /// A script call.
+    Script(Args),
     /// `DEL` of the key.
     Delete,
 }
@@ -64,6 +61,21 @@ pub(super) struct Request {
 }
 
 type Reply = Result<Vec<i64>, StoreError>;
+
+/// Sends one request of a store on `conn`: through the connection's batcher when
+/// `batching` and the connection is to a single node, as its own call otherwise.
+pub(super) async fn request(
+    conn: &RedisConnection,
+    batcher: &Arc<Batcher>,
+    request: Request,
+    batching: bool,
+) -> Reply {
+    match conn.conn() {
+        Conn::Single(c) if batching => batcher.submit(c, request).await,
+        Conn::Single(c) => one(&mut c.clone(), &request).await,
+        Conn::Cluster(c) => one(&mut c.clone(), &request).await,
+    }
+}
 
 struct Pending {
     request: Request,
@@ -90,7 +102,8 @@ impl State {
     }
 }
 
-/// The batcher of one connection (shared by its clones).
+/// The batcher of one connection (attached to it, so shared by its clones and the stores
+/// built on them).
 #[derive(Default)]
 pub(super) struct Batcher {
     state: Mutex<State>,
@@ -103,11 +116,7 @@ impl Batcher {
 
     /// Sends `request` at once, from the caller's task, when nothing is in flight;
     /// otherwise queues it for the next batch.
-    pub(super) async fn submit(
-        self: &Arc<Self>,
-        conn: &ConnectionManager,
-        request: Request,
-    ) -> Reply {
+    async fn submit(self: &Arc<Self>, conn: &ConnectionManager, request: Request) -> Reply {
         let queued = {
             let mut state = self.state();
             if state.calls > 0 {
@@ -249,26 +258,20 @@ fn short() -> StoreError {
 /// A request on its own: the plain script call (and, when the fast script finds a state
 /// written under other limits, the general one right after it), or a `DEL`. Also how an
 /// unbatched store sends every request.
-pub(super) async fn one<C: redis::aio::ConnectionLike>(conn: &mut C, request: &Request) -> Reply {
+async fn one<C: ConnectionLike>(conn: &mut C, request: &Request) -> Reply {
     let backend = StoreError::backend;
     match &request.call {
-        Call::Script {
-            mode,
-            cost,
-            now_ns,
-            limits,
-            general,
-        } => {
-            let inv = script::invocation(&request.key, *mode, *cost, *now_ns, limits, *general);
+        Call::Script(args) => {
+            let inv = args.invocation(&request.key, args.general);
             let reply = run(&inv, conn).await.map_err(backend)?;
-            if reply == [3] && !general {
-                let inv = script::invocation(&request.key, *mode, *cost, *now_ns, limits, true);
+            if reply == [3] && !args.general {
+                let inv = args.invocation(&request.key, true);
                 return run(&inv, conn).await.map_err(backend);
             }
             Ok(reply)
         }
         Call::Delete => {
-            let mut cmd = redis::cmd("DEL");
+            let mut cmd = ::redis::cmd("DEL");
             cmd.arg(&request.key);
             cmd.query_async::<i64>(conn).await.map_err(backend)?;
             Ok(Vec::new())
@@ -279,7 +282,7 @@ pub(super) async fn one<C: redis::aio::ConnectionLike>(conn: &mut C, request: &R
 /// Several requests in one call of the batch script; one reply per request, or the
 /// call's error for all.
 async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
-    let script: &'static redis::Script = &script::BATCH_SCRIPT;
+    let script: &'static ::redis::Script = &script::BATCH_SCRIPT;
     // Every distinct key once, and every distinct list of limits once (a store's requests
     // share one); each request names both by their index.
     let mut keys: HashMap<&[u8], usize, foldhash::fast::RandomState> =
@@ -294,21 +297,15 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
             order.len()
         });
         match &p.request.call {
-            Call::Script {
-                mode,
-                cost,
-                now_ns,
-                limits,
-                general,
-            } => {
-                let l = list_index(&mut lists, limits);
-                script::batch_item(&mut records, k, l, *mode, *cost, *now_ns, limits, *general)
+            Call::Script(args) => {
+                let l = list_index(&mut lists, &args.limits);
+                args.batch_item(&mut records, k, l)
             }
             Call::Delete => script::batch_delete(&mut records, k, list_index(&mut lists, &[])),
         }
     }
     let bytes: usize = order.iter().map(|k| k.len() + 4).sum();
-    let mut cmd = redis::Cmd::with_capacity(
+    let mut cmd = ::redis::Cmd::with_capacity(
         5 + order.len() + 8 * lists.len(),
         128 + bytes + records.len(),
     );
@@ -324,7 +321,7 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
         }
     }
     cmd.arg(records);
-    let flat = run(&script::Invocation { script, cmd }, conn)
+    let flat = run(&Invocation { script, cmd }, conn)
         .await
         .map_err(StoreError::backend)?;
     Ok(split(&flat, items.len()))

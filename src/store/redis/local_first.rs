@@ -2,104 +2,24 @@
 
 use std::{
     fmt,
-    sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
-        Arc, Weak,
-    },
+    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
 use super::{
-    breaker::within,
-    keys,
+    builder::{RedisStoreBuilder, KEYS},
+    local_state::{force_charge, Shared},
+    local_sync::run,
     script::{self, Mode},
-    store::{RedisConnection, RedisStoreBuilder},
+    store::RedisStore,
 };
 use crate::{
-    algorithm::{Params, MAX_WORDS},
-    clock::{Clock, TokioClock},
     decision::Decision,
     error::{ConfigError, StoreError},
-    observe::StoreMetrics,
     policy::Policy,
-    store::{
-        map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
-        tags::Tags,
-        CheckFuture, KeyBytes, Store, StoreFuture,
-    },
+    redis::{KeyNames, RedisConnection},
+    store::{CheckFuture, KeyBytes, Store, StoreFuture},
 };
-
-/// Keys synced concurrently in one round.
-const CONCURRENCY: usize = 16;
-
-struct Entry {
-    /// The Redis key.
-    key: Box<[u8]>,
-    /// The policy the state is for (see `store::tags`).
-    tag: u32,
-    /// The policy's state words in the server's clock (ns since the Unix epoch).
-    state: [u64; MAX_WORDS],
-    /// Units admitted here and not yet pushed to Redis.
-    pending: u64,
-    /// Seen since the last round (pulled even when nothing was admitted).
-    touched: bool,
-}
-
-impl map::Entry for Entry {
-    fn heap_bytes(&self) -> usize {
-        allocation_bytes(self.key.len())
-    }
-}
-
-/// Eviction order of the local state: fresh, unused and synced entries may go at once;
-/// otherwise the entries with the fewest units not yet pushed go first, and their units
-/// are counted as lost.
-struct ByPending<'a> {
-    tags: &'a Tags,
-    now: u64,
-    lost: &'a AtomicU64,
-}
-
-impl Residual<Entry> for ByPending<'_> {
-    fn residual(&mut self, e: &mut Entry) -> u64 {
-        let fresh = || {
-            self.tags
-                .with(e.tag, |p| p.is_none_or(|p| p.is_fresh(&e.state, self.now)))
-        };
-        if e.pending == 0 && !e.touched && fresh() {
-            0
-        } else {
-            e.pending.saturating_add(1)
-        }
-    }
-
-    fn evicted(&mut self, e: &Entry) {
-        self.lost.fetch_add(e.pending, Ordering::Relaxed);
-    }
-}
-
-struct Shared {
-    conn: RedisConnection,
-    /// The policy of the store's own methods.
-    policy: Policy,
-    prefix: Vec<u8>,
-    readable: bool,
-    interval: Duration,
-    map: ShardedMap<Entry>,
-    tags: Tags,
-    hasher: KeyHasher,
-    clock: Arc<dyn Clock>,
-    /// Whether the syncs send `clock`'s time to the script instead of the server's.
-    overrides: bool,
-    /// Server time minus the clock's time, in ns (0 when the clock is the time source).
-    offset: AtomicI64,
-    started: AtomicBool,
-    rounds: AtomicU64,
-    failed_rounds: AtomicU64,
-    /// Units admitted here but evicted within the memory budget before they were pushed
-    /// to Redis.
-    evicted_units: AtomicU64,
-}
 
 /// A store that decides from per-instance state and reconciles it with Redis in the
 /// background: Redis is off the request path. See the [module docs](super).
@@ -170,16 +90,14 @@ impl LocalFirstStore {
     /// (clamped to at least 10 ms), with the defaults of [`RedisStore::builder`]
     /// (namespace `tollgate`; the keys are the [`RedisStore`]'s, so both kinds of store
     /// share state). [`RedisStoreBuilder::build_local_first`] sets the rest.
-    ///
-    /// [`RedisStore`]: super::RedisStore
-    /// [`RedisStore::builder`]: super::RedisStore::builder
     pub fn new(
         policy: impl Into<Policy>,
         connection: impl Into<RedisConnection>,
         interval: Duration,
     ) -> Result<Self, ConfigError> {
-        super::RedisStore::builder(policy).build_local_first(connection, interval)
+        RedisStore::builder(policy).build_local_first(connection, interval)
     }
+
     /// Keys held locally now.
     pub fn len(&self) -> usize {
         self.inner.map.usage().0
@@ -273,256 +191,17 @@ impl RedisStoreBuilder {
         interval: Duration,
     ) -> Result<LocalFirstStore, ConfigError> {
         self.check_common()?;
-        let overrides = self.clock.is_some();
-        let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
-        let metrics = StoreMetrics::new(&format!("{}-local", self.namespace));
+        let shared = Shared::new(
+            connection.into(),
+            KeyNames::new(&self.common.namespace, KEYS, self.readable_keys),
+            self.policy,
+            interval.max(Duration::from_millis(10)),
+            self.max_bytes,
+            &self.common,
+        )?;
         Ok(LocalFirstStore {
-            inner: Arc::new(Shared {
-                conn: connection.into(),
-                prefix: keys::prefix(&self.namespace),
-                readable: self.readable_keys,
-                policy: self.policy,
-                interval: interval.max(Duration::from_millis(10)),
-                map: ShardedMap::new(self.max_bytes, default_shards(), metrics)?,
-                tags: Tags::new(),
-                hasher: KeyHasher::default(),
-                clock,
-                overrides,
-                offset: AtomicI64::new(0),
-                started: AtomicBool::new(false),
-                rounds: AtomicU64::new(0),
-                failed_rounds: AtomicU64::new(0),
-                evicted_units: AtomicU64::new(0),
-            }),
+            inner: Arc::new(shared),
         })
-    }
-}
-
-impl Shared {
-    /// The server's time as this instance estimates it: the clock plus the offset seen at
-    /// the last sync.
-    fn now(&self) -> u64 {
-        (self.clock.now() as i64)
-            .saturating_add(self.offset.load(Ordering::Relaxed))
-            .max(0) as u64
-    }
-
-    fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
-        keys::redis_key(&self.prefix, key, self.readable)
-    }
-
-    /// Runs `f` on the key's entry (made if new) with its state as `policy`'s at now.
-    fn with_entry<R>(
-        &self,
-        key: Vec<u8>,
-        policy: &Policy,
-        f: impl FnOnce(&mut Entry, u64) -> R,
-    ) -> R {
-        let hash = map::hash_of(&self.hasher, &key[..]);
-        let tag = self.tags.tag(policy);
-        let mut shard = self.map.write(hash);
-        // Read under the lock: never older than the time of whoever wrote the state last
-        // (a reading taken before waiting for the lock could refuse a request that fits).
-        let now = self.now();
-        if shard.one.find(hash, |e| *e.key == *key).is_none() {
-            let entry = Entry {
-                key: key.clone().into_boxed_slice(),
-                tag,
-                state: [0; MAX_WORDS],
-                pending: 0,
-                touched: false,
-            };
-            let evict = ByPending {
-                tags: &self.tags,
-                now,
-                lost: &self.evicted_units,
-            };
-            let hasher = &self.hasher;
-            self.map.insert_one(
-                &mut shard,
-                hash,
-                entry,
-                |e| map::hash_of(hasher, &e.key[..]),
-                Both(evict, ()),
-            );
-        }
-        let e = shard
-            .one
-            .find_mut(hash, |e| *e.key == *key)
-            .expect("inserted above, under the same lock");
-        if e.tag != tag {
-            // Decided under another policy than its state's: carry the state over; the
-            // units not yet pushed stay units.
-            e.state = self.tags.carry(e.tag, &e.state, policy, now);
-            e.tag = tag;
-        }
-        e.touched = true;
-        f(e, now)
-    }
-
-    async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
-        let mut batch: Vec<(Vec<u8>, u64, u32)> = Vec::new();
-        self.map.for_each_one(|e| {
-            if e.pending > 0 || e.touched {
-                batch.push((e.key.to_vec(), e.pending, e.tag));
-                e.pending = 0;
-                e.touched = false;
-            }
-        });
-        let n = batch.len();
-        let chunk = n.div_ceil(CONCURRENCY).max(1);
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut it = batch.into_iter();
-        loop {
-            let part: Vec<_> = it.by_ref().take(chunk).collect();
-            if part.is_empty() {
-                break;
-            }
-            let me = self.clone();
-            tasks.spawn(async move { me.sync_keys(part).await });
-        }
-        let mut result = Ok(n);
-        while let Some(r) = tasks.join_next().await {
-            if let Ok(Err(e)) = r {
-                result = Err(e);
-            }
-        }
-        self.rounds.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
-            self.failed_rounds.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(target: "tollgate::redis", error = %e, "local-first sync round failed");
-        }
-        result
-    }
-
-    /// Syncs keys one after the other; after a failure the rest are put back unsent.
-    async fn sync_keys(&self, keys: Vec<(Vec<u8>, u64, u32)>) -> Result<(), StoreError> {
-        let mut failed: Option<StoreError> = None;
-        for (key, units, tag) in keys {
-            let policy = self.tags.policy(tag);
-            let limits = policy.as_ref().map(script::limit_args);
-            let (Some(policy), Some(Ok(limits)), None) = (policy, limits, &failed) else {
-                self.put_back(&key, units);
-                continue;
-            };
-            let at = self.overrides.then(|| self.clock.now());
-            let inv = script::invocation(&key, Mode::Sync, units, at, &limits, true);
-            let r = self.in_time(self.conn.invoke(&inv)).await;
-            match r.and_then(|reply| script::decode_sync(&reply, &policy)) {
-                Ok((server_now, words)) => {
-                    if !self.overrides {
-                        let local = self.clock.now() as i64;
-                        self.offset
-                            .store(server_now as i64 - local, Ordering::Relaxed);
-                    }
-                    self.merge(&key, tag, &policy, words);
-                }
-                Err(e) => {
-                    self.put_back(&key, units);
-                    failed = Some(e);
-                }
-            }
-        }
-        failed.map_or(Ok(()), Err)
-    }
-
-    /// A call to Redis under the store's deadline (its sync interval, at least 50 ms).
-    async fn in_time<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        within(self.interval.max(Duration::from_millis(50)), call).await
-    }
-
-    /// Drops a key's local entry.
-    fn forget(&self, key: &[u8]) {
-        let hash = map::hash_of(&self.hasher, key);
-        let mut s = self.map.write(hash);
-        if let Ok(e) = s.one.find_entry(hash, |e| *e.key == *key) {
-            let (entry, _) = e.remove();
-            let heap = map::Entry::heap_bytes(&entry);
-            self.map.removed(&mut s, heap);
-        }
-    }
-
-    fn put_back(&self, key: &[u8], units: u64) {
-        let hash = map::hash_of(&self.hasher, key);
-        let mut s = self.map.write(hash);
-        if let Some(e) = s.one.find_mut(hash, |e| *e.key == *key) {
-            e.pending = e.pending.saturating_add(units);
-            e.touched = true;
-        }
-    }
-
-    /// Replaces the local state by the shared one, then charges what was admitted here
-    /// since the round started.
-    fn merge(&self, key: &[u8], tag: u32, policy: &Policy, words: [u64; MAX_WORDS]) {
-        let hash = map::hash_of(&self.hasher, key);
-        let mut s = self.map.write(hash);
-        let now = self.now();
-        let Some(e) = s.one.find_mut(hash, |e| *e.key == *key) else {
-            return;
-        };
-        // Decided under another policy since the round began: the next round syncs it.
-        if e.tag != tag {
-            return;
-        }
-        e.state = words;
-        if e.pending > 0 {
-            force_charge(policy, &mut e.state, now, e.pending);
-        }
-    }
-}
-
-/// Charges `units` to every limit of `state` whether or not they fit.
-fn force_charge(policy: &Policy, state: &mut [u64], now: u64, units: u64) {
-    let mut off = 0;
-    for l in policy.limits() {
-        match l.params {
-            Params::Gcra(g) => {
-                state[off] = state[off]
-                    .max(now)
-                    .saturating_add(units.saturating_mul(g.t));
-                off += 1;
-            }
-            Params::Fixed(w) => {
-                let tag = w.tag(now);
-                if state[off] == tag {
-                    state[off + 1] = state[off + 1].saturating_add(units);
-                } else {
-                    state[off] = tag;
-                    state[off + 1] = units;
-                }
-                off += 2;
-            }
-            Params::Sliding(w) => {
-                let tag = w.tag(now);
-                if state[off] == tag {
-                    state[off + 2] = state[off + 2].saturating_add(units);
-                } else if state[off] != 0 && state[off] + 1 == tag {
-                    state[off + 1] = state[off + 2];
-                    state[off] = tag;
-                    state[off + 2] = units;
-                } else {
-                    state[off] = tag;
-                    state[off + 1] = 0;
-                    state[off + 2] = units;
-                }
-                off += 3;
-            }
-        }
-    }
-}
-
-async fn run(weak: Weak<Shared>, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(shared) = weak.upgrade() else {
-            return;
-        };
-        let _ = shared.sync_round().await;
     }
 }
 
@@ -576,9 +255,7 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
     /// Applied locally at once, and to the shared state by one script call.
     fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
         let k = self.inner.redis_key(key);
-        let ns = u64::try_from(ban.as_nanos())
-            .unwrap_or(u64::MAX)
-            .min(1 << 52);
+        let ns = script::ban_ns(ban);
         self.inner.with_entry(k.clone(), policy, |e, now| {
             policy.ban(&mut e.state, now, ns)
         });
@@ -587,11 +264,9 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
             Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
         };
         let shared = self.inner.clone();
-        StoreFuture::boxed(async move {
-            let at = shared.overrides.then(|| shared.clock.now());
-            let inv = script::invocation(&k, Mode::Ban, ns, at, &limits, true);
-            shared.in_time(shared.conn.invoke(&inv)).await.map(|_| ())
-        })
+        StoreFuture::boxed(
+            async move { shared.update(&k, Mode::Ban, ns, limits).await.map(|_| ()) },
+        )
     }
 
     /// Forgets the local state (with its units not yet pushed) and deletes the shared
@@ -601,7 +276,7 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
         self.inner.forget(&k);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
-            let mut cmd = redis::cmd("DEL");
+            let mut cmd = ::redis::cmd("DEL");
             cmd.arg(&k);
             shared
                 .in_time(shared.conn.query::<i64>(&cmd))

@@ -146,16 +146,17 @@
 //! down: set the share to `1 / N` when that matters.
 
 mod batch;
-mod breaker;
+mod builder;
 mod failure;
-pub(crate) mod keys;
 mod local_first;
+mod local_state;
+mod local_sync;
 mod negative;
 mod script;
 mod store;
 
-pub use breaker::BreakerState;
-pub(crate) use breaker::{within, Breaker};
+pub use crate::redis::{BreakerState, RedisConnection};
+pub use builder::RedisStoreBuilder;
 pub use failure::FailurePolicy;
 pub use local_first::{LocalFirstStore, SyncTask};
-pub use store::{RedisConnection, RedisStore, RedisStoreBuilder};
+pub use store::RedisStore;

@@ -1,27 +1,62 @@
-//! The Lua script, its arguments and its reply.
+//! The Lua scripts, their arguments and their replies.
+//!
+//! Each script is composed at compile time from the files in `lua/`: a head, the shared
+//! `gcra_decay.lua` (a GCRA state's fill as of now, written out inline, since a Lua
+//! function call per request would cost more) and a tail.
 
 use std::{sync::LazyLock, time::Duration};
 
-use redis::Script;
+use ::redis::Script;
 
 use crate::{
     algorithm::{Params, MAX_WORDS},
-    decision::MAX_LIMITS,
     decision::{Decision, LimitReport, Outcome, Source},
     error::{ConfigError, StoreError},
-    policy::Combine,
-    policy::Policy,
+    policy::{Combine, Policy},
+    redis::Invocation,
+    MAX_LIMITS,
 };
 
+/// The general script's text: `general_head.lua`, `gcra_decay.lua`, `general_tail.lua`.
+macro_rules! general_lua {
+    () => {
+        concat!(
+            include_str!("lua/general_head.lua"),
+            include_str!("lua/gcra_decay.lua"),
+            include_str!("lua/general_tail.lua"),
+        )
+    };
+}
+
 /// The decision script (one for every policy: the limits travel as arguments).
-pub(super) static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("script.lua")));
+pub(super) static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(general_lua!()));
 
 /// The fast path for a single GCRA-based limit (check and peek): a third of the work of
 /// the general script on the server (no tables, no per-limit reports: the client rebuilds
 /// them).
-pub(super) static GCRA_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("script_gcra.lua")));
+pub(super) static GCRA_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("lua/gcra_head.lua"),
+        include_str!("lua/gcra_decay.lua"),
+        include_str!("lua/gcra_tail.lua"),
+    ))
+});
+
+/// The batch script: the general script wrapped, unchanged, in a function whose
+/// parameters `KEYS`, `ARGV` and `redis` shadow the globals of a plain call, then
+/// `batch_head.lua`, `gcra_decay.lua` and `batch_tail.lua`, which decide the fast script's
+/// requests themselves and call the general one for the others, in order, with their own
+/// `redis` that reads and writes the batch's values in a table.
+pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        "local function general(KEYS, ARGV, redis)\n",
+        general_lua!(),
+        "\nend\n",
+        include_str!("lua/batch_head.lua"),
+        include_str!("lua/gcra_decay.lua"),
+        include_str!("lua/batch_tail.lua"),
+    ))
+});
 
 /// Largest GCRA capacity (`cap`, ns) and largest `limit * window_us` of a window: the
 /// script's arithmetic adds and doubles these, and must stay below 2^53 to be exact.
@@ -102,46 +137,79 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
     Ok(args)
 }
 
-/// One script call, ready to send: the script (for reloading it after a `NOSCRIPT`) and
-/// its `EVALSHA` command, built straight into one buffer (redis-rs's `ScriptInvocation`
-/// keeps every argument in its own allocation and then copies them into a command).
-pub(super) struct Invocation {
-    pub(super) script: &'static Script,
-    pub(super) cmd: redis::Cmd,
+/// One call of a decision script: what it is asked, and the limits it decides under.
+pub(super) struct Args {
+    pub(super) mode: Mode,
+    /// Units (a duration in ns for a ban).
+    pub(super) cost: u64,
+    /// The time to decide at (ns), instead of the server's `TIME`.
+    pub(super) now_ns: Option<u64>,
+    /// The policy's limits, as [`limit_args`] gives them.
+    pub(super) limits: Vec<u64>,
+    /// Whether the general script decides even what the fast one could.
+    pub(super) general: bool,
 }
 
-/// Builds one invocation: the fast GCRA script for checks and peeks of a single
-/// GCRA-based limit, the general script otherwise (or when `general`).
-pub(super) fn invocation(
-    key: &[u8],
-    mode: Mode,
-    cost: u64,
-    now_ns: Option<u64>,
-    limits: &[u64],
-    general: bool,
-) -> Invocation {
-    let fast = fast_args(mode, limits, general);
-    let script: &'static Script = if fast.is_some() {
-        &GCRA_SCRIPT
-    } else {
-        &SCRIPT
-    };
-    let mut cmd = redis::Cmd::with_capacity(10 + limits.len(), 96 + key.len() + 8 * limits.len());
-    cmd.arg("EVALSHA")
-        .arg(script.get_hash())
-        .arg(1)
-        .arg(key)
-        .arg(mode as u8)
-        .arg(cost.min(MAX_COST));
-    if let Some((t, cap)) = fast {
-        cmd.arg(t).arg(cap);
-        if let Some(ns) = now_ns {
-            cmd.arg(ns / 1000).arg(SLACK_MS);
+impl Args {
+    /// The call as one invocation on `key`: the fast GCRA script for checks and peeks of
+    /// a single GCRA-based limit, the general script otherwise (or when `general`).
+    pub(super) fn invocation(&self, key: &[u8], general: bool) -> Invocation {
+        let (limits, now_ns) = (&self.limits, self.now_ns);
+        let fast = fast_args(self.mode, limits, general);
+        let script: &'static Script = if fast.is_some() {
+            &GCRA_SCRIPT
+        } else {
+            &SCRIPT
+        };
+        let mut cmd =
+            ::redis::Cmd::with_capacity(10 + limits.len(), 96 + key.len() + 8 * limits.len());
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(self.mode as u8)
+            .arg(self.cost.min(MAX_COST));
+        if let Some((t, cap)) = fast {
+            cmd.arg(t).arg(cap);
+            if let Some(ns) = now_ns {
+                cmd.arg(ns / 1000).arg(SLACK_MS);
+            }
+            return Invocation { script, cmd };
         }
-        return Invocation { script, cmd };
+        general_tail(&mut cmd, now_ns, limits);
+        Invocation { script, cmd }
     }
-    general_tail(&mut cmd, now_ns, limits);
-    Invocation { script, cmd }
+
+    /// Appends the call to a batch's `records` (see `batch_head.lua`): the index of its
+    /// key among the batch's keys and of its limits among the batch's lists (both 1-based,
+    /// below 256), its kind (0 the fast GCRA path, 1 the general script), mode and cost,
+    /// and the time override with its TTL slack.
+    pub(super) fn batch_item(&self, records: &mut Vec<u8>, key: usize, list: usize) {
+        let kind = u64::from(fast_args(self.mode, &self.limits, self.general).is_none());
+        let timed = u64::from(self.now_ns.is_some());
+        batch_record(
+            records,
+            key,
+            list,
+            kind,
+            self.mode as u64,
+            timed,
+            self.cost.min(MAX_COST),
+        );
+        if let Some(ns) = self.now_ns {
+            for x in [ns / 1000, SLACK_MS] {
+                records.extend_from_slice(&(x as f64).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// A ban's duration as the scripts take it: nanoseconds, at most 2^52 (Lua numbers are
+/// exact below 2^53 ns, about 104 days).
+pub(super) fn ban_ns(ban: Duration) -> u64 {
+    u64::try_from(ban.as_nanos())
+        .unwrap_or(u64::MAX)
+        .min(1 << 52)
 }
 
 /// The fast script's `(T, cap)` when it can decide this call.
@@ -154,59 +222,13 @@ fn fast_args(mode: Mode, limits: &[u64], general: bool) -> Option<(u64, u64)> {
 
 /// The general script's arguments after mode and cost: the time override, the TTL slack
 /// and the limits.
-fn general_tail(cmd: &mut redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
+fn general_tail(cmd: &mut ::redis::Cmd, now_ns: Option<u64>, limits: &[u64]) {
     match now_ns {
         Some(ns) => cmd.arg(ns / 1000).arg(SLACK_MS),
         None => cmd.arg("").arg(0u64),
     };
     for a in limits {
         cmd.arg(*a);
-    }
-}
-
-/// The batch script: `script.lua` wrapped, unchanged, in a function whose parameters
-/// `KEYS`, `ARGV` and `redis` shadow the globals of a plain call, then
-/// `script_batch.lua`, which decides the fast script's requests itself and calls the
-/// general one for the others, in order, with its own `redis` that reads and writes the
-/// batch's values in a table.
-pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "local function general(KEYS, ARGV, redis)\n{}\nend\n{}",
-        include_str!("script.lua"),
-        include_str!("script_batch.lua"),
-    ))
-});
-
-/// Appends one script request of a batch to `records` (see `script_batch.lua`): the
-/// index of its key among the batch's keys and of its limits among the batch's lists
-/// (both 1-based, below 256), its kind (0 the fast GCRA path, 1 the general script),
-/// mode and cost, and the time override with its TTL slack.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn batch_item(
-    records: &mut Vec<u8>,
-    key: usize,
-    list: usize,
-    mode: Mode,
-    cost: u64,
-    now_ns: Option<u64>,
-    limits: &[u64],
-    general: bool,
-) {
-    let kind = u64::from(fast_args(mode, limits, general).is_none());
-    let timed = u64::from(now_ns.is_some());
-    batch_record(
-        records,
-        key,
-        list,
-        kind,
-        mode as u64,
-        timed,
-        cost.min(MAX_COST),
-    );
-    if let Some(ns) = now_ns {
-        for x in [ns / 1000, SLACK_MS] {
-            records.extend_from_slice(&(x as f64).to_le_bytes());
-        }
     }
 }
 
@@ -363,18 +385,4 @@ pub(super) fn decode_sync(
         }
     }
     Ok((now_ns, out))
-}
-
-/// Runs one invocation, loading the script again after `NOSCRIPT`.
-pub(super) async fn run<C: redis::aio::ConnectionLike>(
-    inv: &Invocation,
-    conn: &mut C,
-) -> redis::RedisResult<Vec<i64>> {
-    match inv.cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            inv.script.load_async(conn).await?;
-            inv.cmd.query_async(conn).await
-        }
-        r => r,
-    }
 }

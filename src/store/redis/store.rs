@@ -1,324 +1,22 @@
-//! `RedisStore`: the shared store, its builder and its connection.
+//! [`RedisStore`]: the shared store, deciding every request on Redis.
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use redis::{aio::ConnectionManager, cluster_async::ClusterConnection};
-
 use super::{
     batch::{self, Batcher, Call, Request},
-    breaker::{within, Breaker, BreakerState},
     failure::{scaled_policy, FailurePolicy},
-    keys,
     negative::NegativeCache,
-    script::{self, run, Mode},
+    script::{self, Args, Mode},
 };
 use crate::{
-    clock::{Clock, TokioClock},
+    clock::Clock,
     decision::{Decision, Outcome, Source},
     error::{ConfigError, StoreError},
     observe::StoreMetrics,
     policy::Policy,
-    store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture, DEFAULT_MAX_BYTES},
+    redis::{within, Breaker, BreakerState, KeyNames, RedisConnection},
+    store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture},
 };
-
-/// A connection to Redis or to a Redis Cluster: the only place redis-rs types meet
-/// tollgate's API. Cheap to clone (one multiplexed connection is shared).
-///
-/// See the [module docs](super).
-#[derive(Clone)]
-pub struct RedisConnection {
-    conn: Conn,
-    /// Coalesces concurrent script calls on a single-node connection (see
-    /// [`RedisStoreBuilder::batching`]).
-    batch: Arc<Batcher>,
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl fmt::Debug for RedisConnection {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.conn {
-            Conn::Single(_) => "single",
-            Conn::Cluster(_) => "cluster",
-        };
-        f.debug_struct("RedisConnection")
-            .field("kind", &kind)
-            .finish()
-    }
-}
-
-fn backend(e: redis::RedisError) -> StoreError {
-    StoreError::backend(e)
-}
-
-impl RedisConnection {
-    /// Connects to one Redis server (`redis://host:port/db`) through a redis-rs
-    /// `ConnectionManager`, which reconnects by itself after a failure.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_max_delay(Duration::from_millis(200));
-        let cm = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(backend)?;
-        Ok(cm.into())
-    }
-
-    /// Connects to a Redis Cluster given some of its nodes' URLs.
-    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, StoreError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let nodes: Vec<String> = nodes.into_iter().map(|s| s.as_ref().to_owned()).collect();
-        let client = redis::cluster::ClusterClientBuilder::new(nodes)
-            .connection_timeout(Duration::from_secs(1))
-            .build()
-            .map_err(backend)?;
-        Ok(client.get_async_connection().await.map_err(backend)?.into())
-    }
-
-    /// Sends one script call; a server that lost its scripts (`NOSCRIPT`: restarted, or
-    /// `SCRIPT FLUSH`) gets the script loaded again and the call repeated once.
-    pub(super) async fn invoke(&self, inv: &script::Invocation) -> Result<Vec<i64>, StoreError> {
-        match &self.conn {
-            Conn::Single(c) => run(inv, &mut c.clone()).await.map_err(backend),
-            Conn::Cluster(c) => run(inv, &mut c.clone()).await.map_err(backend),
-        }
-    }
-}
-
-impl RedisConnection {
-    /// Runs `script` (`EVALSHA`, loaded again after `NOSCRIPT`) on `keys` with `args`, for
-    /// the crate's other Redis-backed parts (the in-flight leases), replying with integers.
-    pub(crate) async fn eval_script(
-        &self,
-        script: &'static redis::Script,
-        keys: &[&[u8]],
-        args: &[&[u8]],
-    ) -> Result<Vec<i64>, StoreError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for k in keys {
-            cmd.arg(*k);
-        }
-        for a in args {
-            cmd.arg(*a);
-        }
-        self.invoke(&script::Invocation { script, cmd }).await
-    }
-}
-
-impl RedisConnection {
-    /// Sends one request of a store: through the connection's batcher when `batching`
-    /// and the connection is to a single node, as its own call otherwise.
-    pub(super) async fn request(
-        &self,
-        request: Request,
-        batching: bool,
-    ) -> Result<Vec<i64>, StoreError> {
-        match &self.conn {
-            Conn::Single(c) if batching => self.batch.submit(c, request).await,
-            Conn::Single(c) => batch::one(&mut c.clone(), &request).await,
-            Conn::Cluster(c) => batch::one(&mut c.clone(), &request).await,
-        }
-    }
-
-    /// Sends one plain command.
-    pub(crate) async fn query<T: redis::FromRedisValue>(
-        &self,
-        cmd: &redis::Cmd,
-    ) -> Result<T, StoreError> {
-        match &self.conn {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
-        }
-    }
-}
-
-impl From<ConnectionManager> for RedisConnection {
-    fn from(cm: ConnectionManager) -> Self {
-        RedisConnection {
-            conn: Conn::Single(cm),
-            batch: Arc::default(),
-        }
-    }
-}
-
-impl From<ClusterConnection> for RedisConnection {
-    fn from(c: ClusterConnection) -> Self {
-        RedisConnection {
-            conn: Conn::Cluster(c),
-            batch: Arc::default(),
-        }
-    }
-}
-
-/// Builds a [`RedisStore`] or a [`LocalFirstStore`](super::LocalFirstStore); made by
-/// [`RedisStore::builder`]. See the [module docs](super).
-#[derive(Clone)]
-#[must_use]
-pub struct RedisStoreBuilder {
-    pub(super) policy: Policy,
-    pub(super) namespace: String,
-    deadline: Duration,
-    breaker_failures: u32,
-    breaker_cooldown: Duration,
-    failure: FailurePolicy,
-    negative_cache: usize,
-    pub(super) clock: Option<Arc<dyn Clock>>,
-    pub(super) readable_keys: bool,
-    pub(super) max_bytes: usize,
-    batching: bool,
-}
-
-impl fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("policy", &self.policy)
-            .field("namespace", &self.namespace)
-            .field("deadline", &self.deadline)
-            .field("failure", &self.failure)
-            .field("own_clock", &self.clock.is_some())
-            .field("readable_keys", &self.readable_keys)
-            .field("batching", &self.batching)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedisStoreBuilder {
-    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
-    /// braces.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// The most a decision may wait for Redis (default 20 ms). A call that misses it
-    /// counts as a failure.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
-    /// (default 3) and stays open for `cooldown` (default 500 ms); then one probe call
-    /// goes through and closes it again on success.
-    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.breaker_failures = failures;
-        self.breaker_cooldown = cooldown;
-        self
-    }
-
-    /// What to decide when Redis fails (default
-    /// [`FailurePolicy::LocalFallback`] with `share` 1.0).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
-        self
-    }
-
-    /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
-    /// off.
-    pub fn negative_cache(mut self, max_keys: usize) -> Self {
-        self.negative_cache = max_keys;
-        self
-    }
-
-    /// Decides on `clock` instead of the Redis server's `TIME`, and runs the circuit
-    /// breaker's cooldown and the negative cache on it too (by default they follow tokio's
-    /// clock). For tests and simulations under a [`ManualClock`](crate::clock::ManualClock):
-    /// every instance must then share the clock, and state gets 60 s of extra TTL since
-    /// Redis expires keys in real time. In production keep the server's clock, so that
-    /// instances with drifting clocks agree.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Writes short printable keys into Redis key names as they are (for debugging),
-    /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
-    /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
-    pub fn readable_keys(mut self, readable: bool) -> Self {
-        self.readable_keys = readable;
-        self
-    }
-
-    /// Coalesces concurrent decisions into one script call (default on). A request that
-    /// finds no call of its connection in flight goes out at once, alone, as without
-    /// batching, so an idle caller never waits; requests made while a call is in flight
-    /// queue and go out together, up to 128 in one call of a batch script that decides
-    /// them in arrival order, each exactly as its own call would be; once 32 wait behind
-    /// a batch call, they go out as a second one without waiting for it (at most two in
-    /// flight, so client and server work at once under load). Each request keeps
-    /// its own deadline, counts in the circuit breaker on its own and gets the failure
-    /// policy on its own; a failed batch call fails each request in it. On a Redis
-    /// Cluster connection calls are never batched (the keys of one call would have to
-    /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
-    /// stores built on clones of one connection batch together. A
-    /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
-    /// does not batch. See the [module docs](super).
-    pub fn batching(mut self, on: bool) -> Self {
-        self.batching = on;
-        self
-    }
-
-    /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
-    /// fallback limiter of a [`RedisStore`], the local state of a
-    /// [`LocalFirstStore`](super::LocalFirstStore).
-    pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.max_bytes = bytes;
-        self
-    }
-
-    pub(super) fn check_common(&self) -> Result<Vec<u64>, ConfigError> {
-        keys::check_namespace(&self.namespace)?;
-        script::limit_args(&self.policy)
-    }
-
-    /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
-    /// (see the [module docs](super)), a bad namespace, a zero deadline, a fallback share
-    /// outside `(0, 1]` and a memory budget too small for one key.
-    pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
-        self.check_common()?;
-        keys::check_deadline(self.deadline)?;
-        let overrides = self.clock.is_some();
-        let clock: Arc<dyn Clock> = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
-        let fallback = match self.failure {
-            FailurePolicy::LocalFallback { share } => Some((
-                MemoryStore::new(scaled_policy(&self.policy, share)?)
-                    .with_clock(clock.clone())
-                    .with_max_bytes(self.max_bytes)?
-                    .with_label(&format!("{}-fallback", self.namespace)),
-                share,
-            )),
-            _ => None,
-        };
-        Ok(RedisStore {
-            inner: Arc::new(Shared {
-                conn: connection.into(),
-                prefix: keys::prefix(&self.namespace),
-                policy: self.policy,
-                metrics: StoreMetrics::new(&self.namespace),
-                deadline: self.deadline,
-                breaker: Breaker::new(self.breaker_failures, self.breaker_cooldown, clock.clone()),
-                failure: self.failure,
-                fallback,
-                negative: (self.negative_cache > 0)
-                    .then(|| NegativeCache::new(self.negative_cache)),
-                overrides,
-                clock,
-                readable: self.readable_keys,
-                batching: self.batching,
-            }),
-        })
-    }
-}
 
 /// The shared store: every instance decides through one Lua script on Redis, so a limit
 /// holds across the fleet. Cheap to clone. See the [module docs](super).
@@ -329,22 +27,23 @@ pub struct RedisStore {
 
 pub(super) struct Shared {
     pub(super) conn: RedisConnection,
+    /// The connection's batcher.
+    pub(super) batcher: Arc<Batcher>,
     /// The policy of the store's own methods.
     pub(super) policy: Policy,
-    pub(super) prefix: Vec<u8>,
-    deadline: Duration,
-    breaker: Breaker,
-    failure: FailurePolicy,
+    pub(super) names: KeyNames,
+    pub(super) deadline: Duration,
+    pub(super) breaker: Breaker,
+    pub(super) failure: FailurePolicy,
     /// The local fallback and the share of each quota it applies.
-    fallback: Option<(Fallback, f64)>,
-    metrics: StoreMetrics,
-    negative: Option<NegativeCache>,
+    pub(super) fallback: Option<(Fallback, f64)>,
+    pub(super) metrics: StoreMetrics,
+    pub(super) negative: Option<NegativeCache>,
     /// Whether decisions take their time from `clock` instead of the server's `TIME`.
-    overrides: bool,
-    clock: Arc<dyn Clock>,
-    readable: bool,
+    pub(super) overrides: bool,
+    pub(super) clock: Arc<dyn Clock>,
     /// Whether calls go through the connection's batcher.
-    batching: bool,
+    pub(super) batching: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -352,7 +51,7 @@ impl fmt::Debug for RedisStore {
         let s = &self.inner;
         f.debug_struct("RedisStore")
             .field("policy", &s.policy)
-            .field("prefix", &String::from_utf8_lossy(&s.prefix))
+            .field("prefix", &String::from_utf8_lossy(s.names.prefix()))
             .field("deadline", &s.deadline)
             .field("failure", &s.failure)
             .field("breaker", &s.breaker.state())
@@ -361,11 +60,11 @@ impl fmt::Debug for RedisStore {
 }
 
 /// The local limiter a store falls back to.
-type Fallback = MemoryStore<Vec<u8>, Arc<dyn Clock>>;
+pub(super) type Fallback = MemoryStore<Vec<u8>, Arc<dyn Clock>>;
 
 impl Shared {
     /// One script call under the deadline and the breaker.
-    pub(super) async fn guarded_call(
+    async fn guarded_call(
         &self,
         key: &[u8],
         mode: Mode,
@@ -381,15 +80,15 @@ impl Shared {
                 || {
                     let request = Request {
                         key: key.to_vec(),
-                        call: Call::Script {
+                        call: Call::Script(Args {
                             mode,
                             cost,
                             now_ns: self.overrides.then(|| self.clock.now()),
                             limits: limits.to_vec(),
                             general,
-                        },
+                        }),
                     };
-                    self.conn.request(request, self.batching)
+                    self.send(request)
                 },
                 |state| self.metrics.breaker(state.gauge()),
             )
@@ -403,15 +102,18 @@ impl Shared {
         result
     }
 
+    /// Sends one request, through the connection's batcher when batching.
+    async fn send(&self, request: Request) -> Result<Vec<i64>, StoreError> {
+        batch::request(&self.conn, &self.batcher, request, self.batching).await
+    }
+
     /// Deletes one key, under the deadline.
-    pub(super) async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
+    async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         let request = Request {
             key: key.to_vec(),
             call: Call::Delete,
         };
-        within(self.deadline, self.conn.request(request, self.batching))
-            .await
-            .map(|_| ())
+        within(self.deadline, self.send(request)).await.map(|_| ())
     }
 
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
@@ -500,31 +202,6 @@ impl Shared {
 }
 
 impl RedisStore {
-    /// Starts building a store for `policy`.
-    pub fn builder(policy: impl Into<Policy>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            policy: policy.into(),
-            namespace: "tollgate".into(),
-            deadline: Duration::from_millis(20),
-            breaker_failures: 3,
-            breaker_cooldown: Duration::from_millis(500),
-            failure: FailurePolicy::default(),
-            negative_cache: 10_000,
-            clock: None,
-            readable_keys: false,
-            max_bytes: DEFAULT_MAX_BYTES,
-            batching: true,
-        }
-    }
-
-    /// A store with the default settings on `connection`.
-    pub fn new(
-        policy: impl Into<Policy>,
-        connection: impl Into<RedisConnection>,
-    ) -> Result<Self, ConfigError> {
-        Self::builder(policy).build(connection)
-    }
-
     /// The policy of the store's own [`check`](Self::check) and [`peek`](Self::peek).
     pub fn policy(&self) -> &Policy {
         &self.inner.policy
@@ -537,8 +214,7 @@ impl RedisStore {
         key: &K,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let policy = self.inner.policy.clone();
-        self.call(self.redis_key(key), &policy, Mode::Check, cost)
+        self.call(self.redis_key(key), &self.inner.policy, Mode::Check, cost)
             .await
     }
 
@@ -548,8 +224,7 @@ impl RedisStore {
         key: &K,
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let policy = self.inner.policy.clone();
-        self.call(self.redis_key(key), &policy, Mode::Peek, cost)
+        self.call(self.redis_key(key), &self.inner.policy, Mode::Peek, cost)
             .await
     }
 
@@ -560,10 +235,11 @@ impl RedisStore {
 
     /// The Redis key holding `key`'s state, under every policy: `{namespace}:v3:{{#sha1}}`
     /// where `sha1` is the SHA-1 of the key's [`KeyBytes`] in hex. With
-    /// [`RedisStoreBuilder::readable_keys`], the material is the key's bytes themselves when
-    /// they are at most 64 printable ASCII bytes (without `{`, `}`, `#`, space).
+    /// [`RedisStoreBuilder::readable_keys`](super::RedisStoreBuilder::readable_keys), the
+    /// material is the key's bytes themselves when they are at most 64 printable ASCII
+    /// bytes (without `{`, `}`, `#`, space).
     pub fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
-        keys::redis_key(&self.inner.prefix, key, self.inner.readable)
+        self.inner.names.key(|out| key.write_key(out))
     }
 
     /// Gives back `cost` units charged to `key` and waits for Redis to confirm.
@@ -574,8 +250,8 @@ impl RedisStore {
         key: &K,
         cost: u64,
     ) -> Result<(), StoreError> {
-        let policy = self.inner.policy.clone();
-        self.update(key, &policy, Mode::Refund, cost).await
+        self.update(key, &self.inner.policy, Mode::Refund, cost)
+            .await
     }
 
     /// One call that changes a key's state without deciding (refund, sync, ban), after
@@ -647,10 +323,7 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
 
     /// One script call (Lua numbers are exact below 2^53 ns, about 104 days).
     fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
-        let ns = u64::try_from(ban.as_nanos())
-            .unwrap_or(u64::MAX)
-            .min(1 << 52);
-        self.update(key, policy, Mode::Ban, ns)
+        self.update(key, policy, Mode::Ban, script::ban_ns(ban))
     }
 
     /// Deletes the key's state (one `DEL`) and forgets its remembered refusals.

@@ -1,7 +1,8 @@
 -- tollgate: the fast path for a policy of one GCRA-based limit (token bucket, leaky meter,
--- leaky queue), check and peek only. Same stored format as script.lua (four little-endian
+-- leaky queue), check and peek only. Same stored format as the general script (four little-endian
 -- doubles: write time in us, the descriptor T and cap in ns, fill in ns), so refunds and
--- syncs through the general script see the same state.
+-- syncs through the general script see the same state. This file, gcra_decay.lua and
+-- gcra_tail.lua make the script (script.rs composes them at compile time).
 --
 -- KEYS[1]  the client's state
 -- ARGV[1]  mode: 0 check, 1 peek
@@ -45,35 +46,6 @@ if raw then
     return { 3 }
   end
   if d ~= t or c ~= cap then return { 3 } end
-  -- script_batch.lua repeats these steps inline (a function call per request costs more
-  -- there); a change here goes there too, and redis_semantics.rs compares both paths.
-  if at <= now then
-    local back = (now - at) * 1000
-    if back < f then fill = f - back end
-  else
-    fill = f + (at - now) * 1000
-  end
-end
-
-local inc = tonumber(ARGV[2]) * t
--- A cost of zero is admitted at once and writes nothing, even on a state in debt (a
--- settled cost above its estimate, a sync) whose fill is above the cap.
-if inc == 0 then return { 0, fill } end
-if inc > cap then return { 2, fill } end
-local diff = fill + inc
-if diff > cap then return { 1, fill } end
-if ARGV[1] == '0' then
-  if diff == 0 then
-    redis.call('DEL', KEYS[1])
-  else
-    -- TTL: whole milliseconds rounded up (exact integer division), plus the override slack.
-    local n = diff + 999999
-    local ms = math.floor(n / 1000000)
-    if ms * 1000000 > n then ms = ms - 1 elseif (ms + 1) * 1000000 <= n then ms = ms + 1 end
-    -- PX formatted as an integer here: Redis turns a Lua number argument of redis.call
-    -- into text with a floating-point conversion ('%.17g' in Redis 7.0), several times
-    -- as costly.
-    redis.call('SET', KEYS[1], struct.pack('<dddd', now, t, cap, diff), 'PX', string.format('%d', ms + slack))
-  end
-end
-return { 0, fill }
+  -- gcra_decay.lua follows, then gcra_tail.lua (see script.rs): the state's fill as of now,
+  -- inline as in the batch script (a function call per request would cost more there);
+  -- redis_semantics.rs compares both paths.

@@ -1,12 +1,13 @@
-//! Redis key names: `{namespace}:v3:{material}` with the material in braces
-//! (the cluster hash tag). The material is the SHA-1 of the key's bytes in hex, so a key
+//! Redis key names: `{namespace}:{kind}:{material}` with the material in braces (the
+//! cluster hash tag), `kind` naming the store and its layout (`v3` for the rate store,
+//! `inflight:v1`, `fair:v1`). The material is the SHA-1 of the key's bytes in hex, so a key
 //! name shows no client's API key or address; in readable mode (for debugging) short
 //! printable keys are written as they are.
 
-use crate::{error::ConfigError, store::KeyBytes};
+use crate::error::ConfigError;
 
 /// Key material longer than this is hashed.
-pub(super) const MAX_RAW: usize = 64;
+const MAX_RAW: usize = 64;
 
 /// Whether a byte may appear in raw key material: printable ASCII without space, the
 /// braces (they delimit the hash tag) and `#` (it marks hashed material).
@@ -29,38 +30,50 @@ pub(crate) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Refuses a zero deadline for a Redis call.
-pub(crate) fn check_deadline(deadline: std::time::Duration) -> Result<(), ConfigError> {
-    if deadline.is_zero() {
-        return Err(ConfigError::Store(
-            "the Redis deadline must be longer than zero".into(),
-        ));
-    }
-    Ok(())
+/// The key prefix of a store: `{namespace}:{kind}:{`.
+pub(crate) fn prefix(namespace: &str, kind: &str) -> Vec<u8> {
+    format!("{namespace}:{kind}:{{").into_bytes()
 }
 
-/// The key prefix: `{namespace}:v3:{`. A key's state is one Redis key under every policy
-/// (the state says which limits wrote it).
-pub(super) fn prefix(namespace: &str) -> Vec<u8> {
-    format!("{namespace}:v3:{{").into_bytes()
+/// How one store names its keys: its prefix, and whether short printable key material is
+/// written as it is (readable mode) instead of hashed.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyNames {
+    prefix: Vec<u8>,
+    readable: bool,
 }
 
-/// The full Redis key of `key` under `prefix`: hashed, or in `readable` mode as it is when
-/// it is short and printable.
-pub(crate) fn redis_key<K: KeyBytes + ?Sized>(prefix: &[u8], key: &K, readable: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + 44);
-    out.extend_from_slice(prefix);
-    let start = out.len();
-    key.write_key(&mut out);
-    let material = &out[start..];
-    if !readable || material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
-        let digest = sha1_smol::Sha1::from(material).digest().bytes();
-        out.truncate(start);
-        out.push(b'#');
-        push_hex(&mut out, &digest);
+impl KeyNames {
+    /// The names of a store of `kind` under `namespace`.
+    pub(crate) fn new(namespace: &str, kind: &str, readable: bool) -> Self {
+        KeyNames {
+            prefix: prefix(namespace, kind),
+            readable,
+        }
     }
-    out.push(b'}');
-    out
+
+    /// `{namespace}:{kind}:{`.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The full Redis key of the material `write` appends: hashed, or in readable mode as
+    /// it is when it is short and printable.
+    pub(crate) fn key(&self, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.prefix.len() + 44);
+        out.extend_from_slice(&self.prefix);
+        let start = out.len();
+        write(&mut out);
+        let material = &out[start..];
+        if !self.readable || material.len() > MAX_RAW || !material.iter().all(|&b| raw_ok(b)) {
+            let digest = sha1_smol::Sha1::from(material).digest().bytes();
+            out.truncate(start);
+            out.push(b'#');
+            push_hex(&mut out, &digest);
+        }
+        out.push(b'}');
+        out
+    }
 }
 
 /// Appends the SHA-1 of `material` in lowercase hex: how key names hide a key's bytes.
@@ -83,10 +96,15 @@ fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
 mod tests {
     use super::*;
 
+    /// The key of `material` in the rate store's names.
+    fn redis_key(names: &KeyNames, material: &str) -> Vec<u8> {
+        names.key(|out| out.extend_from_slice(material.as_bytes()))
+    }
+
     #[test]
     fn layout() {
-        let p = prefix("tollgate");
-        let k = String::from_utf8(redis_key(&p, "192.0.2.1", true)).unwrap();
+        let p = KeyNames::new("tollgate", "v3", true);
+        let k = String::from_utf8(redis_key(&p, "192.0.2.1")).unwrap();
         assert_eq!(k, "tollgate:v3:{192.0.2.1}");
     }
 
@@ -94,8 +112,8 @@ mod tests {
     /// `SCAN` and `MONITOR`.
     #[test]
     fn key_material_is_hashed_by_default() {
-        let p = prefix("tollgate");
-        let k = String::from_utf8(redis_key(&p, "sk_live_abc123", false)).unwrap();
+        let p = KeyNames::new("tollgate", "v3", false);
+        let k = String::from_utf8(redis_key(&p, "sk_live_abc123")).unwrap();
         assert!(!k.contains("sk_live_abc123"), "{k}");
         assert!(k.ends_with(&format!(
             "#{}}}",
@@ -105,26 +123,26 @@ mod tests {
 
     #[test]
     fn long_or_binary_material_is_hashed() {
-        let p = prefix("t");
+        let p = KeyNames::new("t", "v3", true);
         let long = "x".repeat(65);
-        let k = String::from_utf8(redis_key(&p, long.as_str(), true)).unwrap();
+        let k = String::from_utf8(redis_key(&p, &long)).unwrap();
         assert!(k.ends_with('}') && k.contains(":{#"), "{k}");
-        assert_eq!(k.len(), p.len() + 1 + 40 + 1);
+        assert_eq!(k.len(), p.prefix().len() + 1 + 40 + 1);
         let exactly = "x".repeat(64);
-        assert!(String::from_utf8(redis_key(&p, exactly.as_str(), true))
+        assert!(String::from_utf8(redis_key(&p, &exactly))
             .unwrap()
             .contains(&exactly));
         for odd in ["a b", "a{b", "a}b", "#abc", "é"] {
-            let k = redis_key(&p, odd, true);
-            assert_eq!(k.len(), p.len() + 42, "{odd}");
+            let k = redis_key(&p, odd);
+            assert_eq!(k.len(), p.prefix().len() + 42, "{odd}");
         }
         // Stable: SHA-1 of "a b".
-        let k = String::from_utf8(redis_key(&p, "a b", true)).unwrap();
+        let k = String::from_utf8(redis_key(&p, "a b")).unwrap();
         assert!(
             k.ends_with("#7dbde93504122a707f849f2c12bdd9de71b41929}"),
             "{k}"
         );
-        assert_ne!(redis_key(&p, "a b", true), redis_key(&p, "a  b", true));
+        assert_ne!(redis_key(&p, "a b"), redis_key(&p, "a  b"));
     }
 
     #[test]

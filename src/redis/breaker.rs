@@ -1,5 +1,5 @@
 //! The circuit breaker in front of every Redis-backed store (the rate-limit, in-flight
-//! and fair-share stores), and the deadline their calls go out under.
+//! and fair-share stores).
 
 use std::{
     future::Future,
@@ -10,10 +10,13 @@ use std::{
     time::Duration,
 };
 
+use super::deadline::within;
 use crate::{clock::Clock, error::StoreError};
 
-/// The state of the [`RedisStore`](super::RedisStore)'s circuit breaker. See the
-/// [module docs](super).
+/// The state of a Redis-backed store's circuit breaker
+/// ([`RedisStore::breaker_state`](crate::store::RedisStore::breaker_state) and its
+/// in-flight and fair-share peers). See the [`store::redis`](crate::store::redis) module
+/// docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BreakerState {
@@ -224,16 +227,6 @@ impl Breaker {
         );
         Some(BreakerState::Open)
     }
-}
-
-/// `call`'s result, or [`StoreError::Timeout`] once `deadline` has passed without one.
-pub(crate) async fn within<T>(
-    deadline: Duration,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(deadline, call)
-        .await
-        .unwrap_or(Err(StoreError::Timeout(deadline)))
 }
 
 /// Releases a half-open probe whose call was dropped before it finished.

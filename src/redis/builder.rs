@@ -1,0 +1,127 @@
+//! The settings every Redis-backed store's builder shares (namespace, deadline, circuit
+//! breaker, clock), and their setters, written once for every builder.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use super::{breaker::Breaker, deadline, keys};
+use crate::{
+    clock::{Clock, TokioClock},
+    error::ConfigError,
+};
+
+/// The settings every Redis-backed store shares: a builder's field `common`, set by the
+/// setters [`common_setters!`] writes.
+#[derive(Clone)]
+pub(crate) struct Common {
+    pub(crate) namespace: String,
+    pub(crate) deadline: Duration,
+    /// Consecutive failures that open the breaker, and how long it stays open.
+    pub(crate) breaker: (u32, Duration),
+    /// The clock that replaces the server's `TIME`, if any.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+}
+
+impl Default for Common {
+    /// Namespace `tollgate`, deadline 20 ms, breaker open after 3 failures for 500 ms, the
+    /// server's clock.
+    fn default() -> Self {
+        Common {
+            namespace: "tollgate".into(),
+            deadline: Duration::from_millis(20),
+            breaker: (3, Duration::from_millis(500)),
+            clock: None,
+        }
+    }
+}
+
+impl fmt::Debug for Common {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Common")
+            .field("namespace", &self.namespace)
+            .field("deadline", &self.deadline)
+            .field("breaker", &self.breaker)
+            .field("own_clock", &self.clock.is_some())
+            .finish()
+    }
+}
+
+impl Common {
+    /// Refuses a bad namespace.
+    pub(crate) fn check_namespace(&self) -> Result<(), ConfigError> {
+        keys::check_namespace(&self.namespace)
+    }
+
+    /// Refuses a zero deadline.
+    pub(crate) fn check_deadline(&self) -> Result<(), ConfigError> {
+        deadline::check(self.deadline)
+    }
+
+    /// The store's clock: the one set, or tokio's.
+    pub(crate) fn clock(&self) -> Arc<dyn Clock> {
+        match &self.clock {
+            Some(c) => Arc::clone(c),
+            None => Arc::new(TokioClock::new()),
+        }
+    }
+
+    /// The circuit breaker, its cooldown on `clock`.
+    pub(crate) fn breaker(&self, clock: Arc<dyn Clock>) -> Breaker {
+        Breaker::new(self.breaker.0, self.breaker.1, clock)
+    }
+}
+
+/// Writes the setters every Redis-backed store's builder shares on `$builder`, whose field
+/// `common` is a [`Common`]: `namespace`, `deadline` and `breaker`, and with `clock` the
+/// clock override (for a store that can decide on a clock of its own).
+macro_rules! common_setters {
+    ($builder:ty, clock) => {
+        $crate::redis::common_setters!($builder);
+
+        impl $builder {
+            /// Decides on `clock` instead of the Redis server's `TIME`, and runs the
+            /// circuit breaker's cooldown (and a [`RedisStore`](crate::store::RedisStore)'s
+            /// negative cache) on it too; by default they follow tokio's clock. For tests
+            /// and simulations under a [`ManualClock`](crate::clock::ManualClock): every
+            /// instance must then share the clock, and state gets extra TTL (60 s; a
+            /// fair-share pool's an hour) since Redis expires keys in real time. In
+            /// production keep the server's clock, so that instances with drifting clocks
+            /// agree.
+            pub fn clock(mut self, clock: impl $crate::clock::Clock) -> Self {
+                self.common.clock = Some(::std::sync::Arc::new(clock));
+                self
+            }
+        }
+    };
+    ($builder:ty) => {
+        impl $builder {
+            /// The first part of every key (default `tollgate`). Printable ASCII, no spaces
+            /// or braces. Instances and layers share state when they share a namespace and
+            /// a key (a fair-share pool: a label).
+            pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+                self.common.namespace = namespace.into();
+                self
+            }
+
+            /// The most one Redis call, and so a decision, may wait for Redis (default
+            /// 20 ms). A call that misses it counts as a failure, which the store's failure
+            /// policy (a [`RedisStore`](crate::store::RedisStore)) or the layer's
+            /// `OnStoreError` (in-flight and fair-share stores) answers.
+            pub fn deadline(mut self, deadline: ::std::time::Duration) -> Self {
+                self.common.deadline = deadline;
+                self
+            }
+
+            /// The circuit breaker opens after `failures` consecutive failed or timed-out
+            /// calls (default 3) and stays open for `cooldown` (default 500 ms, on the
+            /// store's clock): meanwhile no call goes out and requests get the failure
+            /// answer at once instead of each waiting out the deadline. Then one probe
+            /// call goes through and closes it again on success. (An in-flight store gives
+            /// leases back whatever its state.)
+            pub fn breaker(mut self, failures: u32, cooldown: ::std::time::Duration) -> Self {
+                self.common.breaker = (failures, cooldown);
+                self
+            }
+        }
+    };
+}
+pub(crate) use common_setters;

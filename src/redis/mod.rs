@@ -1,0 +1,21 @@
+//! What every Redis-backed store uses (feature `redis`): the connection, the deadline of a
+//! call, the circuit breaker, key naming, script invocation, and the settings and setters
+//! every store's builder shares. The stores themselves are the rate store
+//! ([`crate::store::redis`]), the in-flight store ([`crate::inflight::RedisInFlight`]) and
+//! the fair-share store ([`crate::fair::RedisFair`]).
+
+mod breaker;
+mod builder;
+mod connection;
+mod deadline;
+mod keys;
+mod script;
+
+pub(crate) use breaker::Breaker;
+pub use breaker::BreakerState;
+pub(crate) use builder::{common_setters, Common};
+pub(crate) use connection::Conn;
+pub use connection::RedisConnection;
+pub(crate) use deadline::within;
+pub(crate) use keys::{prefix as key_prefix, push_sha1_hex, KeyNames};
+pub(crate) use script::{run, Invocation};

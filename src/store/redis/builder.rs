@@ -1,0 +1,157 @@
+//! [`RedisStoreBuilder`]: the settings of a [`RedisStore`] or a [`LocalFirstStore`], and
+//! their construction.
+
+use std::sync::Arc;
+
+use super::{
+    failure::{scaled_policy, FailurePolicy},
+    negative::NegativeCache,
+    script,
+    store::{RedisStore, Shared},
+};
+use crate::{
+    error::ConfigError,
+    observe::StoreMetrics,
+    policy::Policy,
+    redis::{common_setters, Common, KeyNames, RedisConnection},
+    store::{MemoryStore, DEFAULT_MAX_BYTES},
+};
+
+/// The kind part of the rate store's key names (the layout's version): one key per client
+/// holding every limit's state.
+pub(super) const KEYS: &str = "v3";
+
+/// Builds a [`RedisStore`] or a [`LocalFirstStore`](super::LocalFirstStore); made by
+/// [`RedisStore::builder`]. See the [module docs](super).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    pub(super) common: Common,
+    pub(super) policy: Policy,
+    failure: FailurePolicy,
+    negative_cache: usize,
+    pub(super) readable_keys: bool,
+    pub(super) max_bytes: usize,
+    batching: bool,
+}
+
+common_setters!(RedisStoreBuilder, clock);
+
+impl RedisStore {
+    /// Starts building a store for `policy`.
+    pub fn builder(policy: impl Into<Policy>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            common: Common::default(),
+            policy: policy.into(),
+            failure: FailurePolicy::default(),
+            negative_cache: 10_000,
+            readable_keys: false,
+            max_bytes: DEFAULT_MAX_BYTES,
+            batching: true,
+        }
+    }
+
+    /// A store with the default settings on `connection`.
+    pub fn new(
+        policy: impl Into<Policy>,
+        connection: impl Into<RedisConnection>,
+    ) -> Result<Self, ConfigError> {
+        Self::builder(policy).build(connection)
+    }
+}
+
+impl RedisStoreBuilder {
+    /// What to decide when Redis fails (default
+    /// [`FailurePolicy::LocalFallback`] with `share` 1.0).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
+    /// off.
+    pub fn negative_cache(mut self, max_keys: usize) -> Self {
+        self.negative_cache = max_keys;
+        self
+    }
+
+    /// Writes short printable keys into Redis key names as they are (for debugging),
+    /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
+    /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
+    pub fn readable_keys(mut self, readable: bool) -> Self {
+        self.readable_keys = readable;
+        self
+    }
+
+    /// Coalesces concurrent decisions into one script call (default on). A request that
+    /// finds no call of its connection in flight goes out at once, alone, as without
+    /// batching, so an idle caller never waits; requests made while a call is in flight
+    /// queue and go out together, up to 128 in one call of a batch script that decides
+    /// them in arrival order, each exactly as its own call would be; once 32 wait behind
+    /// a batch call, they go out as a second one without waiting for it (at most two in
+    /// flight, so client and server work at once under load). Each request keeps
+    /// its own deadline, counts in the circuit breaker on its own and gets the failure
+    /// policy on its own; a failed batch call fails each request in it. On a Redis
+    /// Cluster connection calls are never batched (the keys of one call would have to
+    /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
+    /// stores built on clones of one connection batch together. A
+    /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
+    /// does not batch. See the [module docs](super).
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
+    /// fallback limiter of a [`RedisStore`], the local state of a
+    /// [`LocalFirstStore`](super::LocalFirstStore).
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// Refuses a bad namespace and a policy the scripts cannot decide exactly.
+    pub(super) fn check_common(&self) -> Result<(), ConfigError> {
+        self.common.check_namespace()?;
+        script::limit_args(&self.policy).map(|_| ())
+    }
+
+    /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
+    /// (see the [module docs](super)), a bad namespace, a zero deadline, a fallback share
+    /// outside `(0, 1]` and a memory budget too small for one key.
+    pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
+        self.check_common()?;
+        self.common.check_deadline()?;
+        let common = &self.common;
+        let clock = common.clock();
+        let fallback = match self.failure {
+            FailurePolicy::LocalFallback { share } => Some((
+                MemoryStore::new(scaled_policy(&self.policy, share)?)
+                    .with_clock(clock.clone())
+                    .with_max_bytes(self.max_bytes)?
+                    .with_label(&format!("{}-fallback", common.namespace)),
+                share,
+            )),
+            _ => None,
+        };
+        let conn: RedisConnection = connection.into();
+        Ok(RedisStore {
+            inner: Arc::new(Shared {
+                batcher: conn.attached(),
+                conn,
+                names: KeyNames::new(&common.namespace, KEYS, self.readable_keys),
+                policy: self.policy,
+                metrics: StoreMetrics::new(&common.namespace),
+                deadline: common.deadline,
+                breaker: common.breaker(clock.clone()),
+                failure: self.failure,
+                fallback,
+                negative: (self.negative_cache > 0)
+                    .then(|| NegativeCache::new(self.negative_cache)),
+                overrides: common.clock.is_some(),
+                clock,
+                batching: self.batching,
+            }),
+        })
+    }
+}

@@ -1,0 +1,263 @@
+//! The per-instance state of a [`LocalFirstStore`](super::LocalFirstStore): what each
+//! key's requests are decided from, bounded in bytes.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use super::script::{Args, Mode};
+use crate::{
+    algorithm::{Params, MAX_WORDS},
+    clock::Clock,
+    error::{ConfigError, StoreError},
+    observe::StoreMetrics,
+    policy::Policy,
+    redis::{within, Common, KeyNames, RedisConnection},
+    store::{
+        map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
+        tags::Tags,
+        KeyBytes,
+    },
+};
+
+pub(super) struct Entry {
+    /// The Redis key.
+    pub(super) key: Box<[u8]>,
+    /// The policy the state is for (see `store::tags`).
+    pub(super) tag: u32,
+    /// The policy's state words in the server's clock (ns since the Unix epoch).
+    pub(super) state: [u64; MAX_WORDS],
+    /// Units admitted here and not yet pushed to Redis.
+    pub(super) pending: u64,
+    /// Seen since the last round (pulled even when nothing was admitted).
+    pub(super) touched: bool,
+}
+
+impl map::Entry for Entry {
+    fn heap_bytes(&self) -> usize {
+        allocation_bytes(self.key.len())
+    }
+}
+
+/// Eviction order of the local state: fresh, unused and synced entries may go at once;
+/// otherwise the entries with the fewest units not yet pushed go first, and their units
+/// are counted as lost.
+struct ByPending<'a> {
+    tags: &'a Tags,
+    now: u64,
+    lost: &'a AtomicU64,
+}
+
+impl Residual<Entry> for ByPending<'_> {
+    fn residual(&mut self, e: &mut Entry) -> u64 {
+        let fresh = || {
+            self.tags
+                .with(e.tag, |p| p.is_none_or(|p| p.is_fresh(&e.state, self.now)))
+        };
+        if e.pending == 0 && !e.touched && fresh() {
+            0
+        } else {
+            e.pending.saturating_add(1)
+        }
+    }
+
+    fn evicted(&mut self, e: &Entry) {
+        self.lost.fetch_add(e.pending, Ordering::Relaxed);
+    }
+}
+
+pub(super) struct Shared {
+    pub(super) conn: RedisConnection,
+    /// The policy of the store's own methods.
+    pub(super) policy: Policy,
+    pub(super) names: KeyNames,
+    pub(super) interval: Duration,
+    pub(super) map: ShardedMap<Entry>,
+    pub(super) tags: Tags,
+    pub(super) hasher: KeyHasher,
+    pub(super) clock: Arc<dyn Clock>,
+    /// Whether the syncs send `clock`'s time to the script instead of the server's.
+    pub(super) overrides: bool,
+    /// Server time minus the clock's time, in ns (0 when the clock is the time source).
+    pub(super) offset: AtomicI64,
+    pub(super) started: AtomicBool,
+    pub(super) rounds: AtomicU64,
+    pub(super) failed_rounds: AtomicU64,
+    /// Units admitted here but evicted within the memory budget before they were pushed
+    /// to Redis.
+    pub(super) evicted_units: AtomicU64,
+}
+
+impl Shared {
+    /// The state of a store deciding under `policy` within `max_bytes`, on the clock,
+    /// and labelled by the namespace, of `common`.
+    pub(super) fn new(
+        conn: RedisConnection,
+        names: KeyNames,
+        policy: Policy,
+        interval: Duration,
+        max_bytes: usize,
+        common: &Common,
+    ) -> Result<Self, ConfigError> {
+        let metrics = StoreMetrics::new(&format!("{}-local", common.namespace));
+        Ok(Shared {
+            conn,
+            names,
+            policy,
+            interval,
+            map: ShardedMap::new(max_bytes, default_shards(), metrics)?,
+            tags: Tags::new(),
+            hasher: KeyHasher::default(),
+            clock: common.clock(),
+            overrides: common.clock.is_some(),
+            offset: AtomicI64::new(0),
+            started: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            failed_rounds: AtomicU64::new(0),
+            evicted_units: AtomicU64::new(0),
+        })
+    }
+
+    /// The server's time as this instance estimates it: the clock plus the offset seen at
+    /// the last sync.
+    pub(super) fn now(&self) -> u64 {
+        (self.clock.now() as i64)
+            .saturating_add(self.offset.load(Ordering::Relaxed))
+            .max(0) as u64
+    }
+
+    pub(super) fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
+        self.names.key(|out| key.write_key(out))
+    }
+
+    /// Runs `f` on the key's entry (made if new) with its state as `policy`'s at now.
+    pub(super) fn with_entry<R>(
+        &self,
+        key: Vec<u8>,
+        policy: &Policy,
+        f: impl FnOnce(&mut Entry, u64) -> R,
+    ) -> R {
+        let hash = map::hash_of(&self.hasher, &key[..]);
+        let tag = self.tags.tag(policy);
+        let mut shard = self.map.write(hash);
+        // Read under the lock: never older than the time of whoever wrote the state last
+        // (a reading taken before waiting for the lock could refuse a request that fits).
+        let now = self.now();
+        if shard.one.find(hash, |e| *e.key == *key).is_none() {
+            let entry = Entry {
+                key: key.clone().into_boxed_slice(),
+                tag,
+                state: [0; MAX_WORDS],
+                pending: 0,
+                touched: false,
+            };
+            let evict = ByPending {
+                tags: &self.tags,
+                now,
+                lost: &self.evicted_units,
+            };
+            let hasher = &self.hasher;
+            self.map.insert_one(
+                &mut shard,
+                hash,
+                entry,
+                |e| map::hash_of(hasher, &e.key[..]),
+                Both(evict, ()),
+            );
+        }
+        let e = shard
+            .one
+            .find_mut(hash, |e| *e.key == *key)
+            .expect("inserted above, under the same lock");
+        if e.tag != tag {
+            // Decided under another policy than its state's: carry the state over; the
+            // units not yet pushed stay units.
+            e.state = self.tags.carry(e.tag, &e.state, policy, now);
+            e.tag = tag;
+        }
+        e.touched = true;
+        f(e, now)
+    }
+
+    /// A call to Redis under the store's deadline (its sync interval, at least 50 ms).
+    pub(super) async fn in_time<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        within(self.interval.max(Duration::from_millis(50)), call).await
+    }
+
+    /// One call of the general script (a sync, a ban) on `key`, under the deadline.
+    pub(super) async fn update(
+        &self,
+        key: &[u8],
+        mode: Mode,
+        units: u64,
+        limits: Vec<u64>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let args = Args {
+            mode,
+            cost: units,
+            now_ns: self.overrides.then(|| self.clock.now()),
+            limits,
+            general: true,
+        };
+        self.in_time(self.conn.invoke(&args.invocation(key, true)))
+            .await
+    }
+
+    /// Drops a key's local entry.
+    pub(super) fn forget(&self, key: &[u8]) {
+        let hash = map::hash_of(&self.hasher, key);
+        let mut s = self.map.write(hash);
+        if let Ok(e) = s.one.find_entry(hash, |e| *e.key == *key) {
+            let (entry, _) = e.remove();
+            let heap = map::Entry::heap_bytes(&entry);
+            self.map.removed(&mut s, heap);
+        }
+    }
+}
+
+/// Charges `units` to every limit of `state` whether or not they fit.
+pub(super) fn force_charge(policy: &Policy, state: &mut [u64], now: u64, units: u64) {
+    let mut off = 0;
+    for l in policy.limits() {
+        match l.params {
+            Params::Gcra(g) => {
+                state[off] = state[off]
+                    .max(now)
+                    .saturating_add(units.saturating_mul(g.t));
+                off += 1;
+            }
+            Params::Fixed(w) => {
+                let tag = w.tag(now);
+                if state[off] == tag {
+                    state[off + 1] = state[off + 1].saturating_add(units);
+                } else {
+                    state[off] = tag;
+                    state[off + 1] = units;
+                }
+                off += 2;
+            }
+            Params::Sliding(w) => {
+                let tag = w.tag(now);
+                if state[off] == tag {
+                    state[off + 2] = state[off + 2].saturating_add(units);
+                } else if state[off] != 0 && state[off] + 1 == tag {
+                    state[off + 1] = state[off + 2];
+                    state[off] = tag;
+                    state[off + 2] = units;
+                } else {
+                    state[off] = tag;
+                    state[off + 1] = 0;
+                    state[off + 2] = units;
+                }
+                off += 3;
+            }
+        }
+    }
+}
