@@ -20,8 +20,8 @@ use super::store::{
 };
 use crate::{
     error::{ConfigError, StoreError},
-    limiter::OncePerSecond,
     observe::outage,
+    observe::OncePerSecond,
     redis::{common_setters, within, Breaker, BreakerState, Common, KeyNames, RedisConnection},
     store::KeyBytes,
 };

@@ -34,7 +34,6 @@ use std::{
 #[cfg(feature = "redis")]
 pub use self::redis::{
     BreakerState, FailurePolicy, LocalFirstStore, RedisConnection, RedisStore, RedisStoreBuilder,
-    SyncTask,
 };
 pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;

@@ -2,7 +2,7 @@
 
 use std::{
     fmt,
-    sync::{atomic::Ordering, Arc},
+    sync::{atomic::Ordering, Arc, PoisonError},
     time::Duration,
 };
 
@@ -66,25 +66,6 @@ impl fmt::Debug for LocalFirstStore {
     }
 }
 
-/// The background reconciliation task of a [`LocalFirstStore`]. Dropping it detaches the
-/// task (it still stops when the store is dropped); [`SyncTask::stop`] ends it.
-#[derive(Debug)]
-pub struct SyncTask {
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl SyncTask {
-    /// Stops the task.
-    pub fn stop(self) {
-        self.handle.abort();
-    }
-
-    /// Whether the task has ended.
-    pub fn is_finished(&self) -> bool {
-        self.handle.is_finished()
-    }
-}
-
 impl LocalFirstStore {
     /// A local-first store for `policy` reconciling through `connection` every `interval`
     /// (clamped to at least 10 ms), with the defaults of [`RedisStore::builder`]
@@ -119,18 +100,38 @@ impl LocalFirstStore {
         self.inner.evicted_units.load(Ordering::Relaxed)
     }
 
-    /// Starts the reconciliation task. `None` outside a tokio runtime, or when it runs
-    /// already.
-    pub fn start(&self) -> Option<SyncTask> {
-        let handle = tokio::runtime::Handle::try_current().ok()?;
+    /// Starts the reconciliation task (the first local decision starts it too). `false`
+    /// outside a tokio runtime, or when it was started already. It ends when the store
+    /// (every clone) is dropped, or with [`LocalFirstStore::stop`].
+    pub fn start(&self) -> bool {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
         if self.inner.started.swap(true, Ordering::AcqRel) {
-            return None;
+            return false;
         }
         let weak = Arc::downgrade(&self.inner);
-        let interval = self.inner.interval;
-        Some(SyncTask {
-            handle: handle.spawn(run(weak, interval)),
-        })
+        let task = handle.spawn(run(weak, self.inner.interval));
+        *self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(task);
+        true
+    }
+
+    /// Stops the reconciliation task; decisions stay local until [`LocalFirstStore::sync`]
+    /// is called. The store does not start it again by itself.
+    pub fn stop(&self) {
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
     }
 
     /// Runs one reconciliation round now (also what the task does every interval).

@@ -4,7 +4,7 @@
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::Duration,
 };
@@ -85,6 +85,8 @@ pub(super) struct Shared {
     /// Server time minus the clock's time, in ns (0 when the clock is the time source).
     pub(super) offset: AtomicI64,
     pub(super) started: AtomicBool,
+    /// The reconciliation task, while it runs.
+    pub(super) task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) rounds: AtomicU64,
     pub(super) failed_rounds: AtomicU64,
     /// Units admitted here but evicted within the memory budget before they were pushed
@@ -116,6 +118,7 @@ impl Shared {
             overrides: common.clock.is_some(),
             offset: AtomicI64::new(0),
             started: AtomicBool::new(false),
+            task: Mutex::new(None),
             rounds: AtomicU64::new(0),
             failed_rounds: AtomicU64::new(0),
             evicted_units: AtomicU64::new(0),

@@ -158,5 +158,5 @@ mod store;
 pub use crate::redis::{BreakerState, RedisConnection};
 pub use builder::RedisStoreBuilder;
 pub use failure::FailurePolicy;
-pub use local_first::{LocalFirstStore, SyncTask};
+pub use local_first::LocalFirstStore;
 pub use store::RedisStore;

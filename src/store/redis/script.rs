@@ -10,11 +10,11 @@ use ::redis::Script;
 
 use crate::{
     algorithm::{Params, MAX_WORDS},
+    decision::MAX_LIMITS,
     decision::{Decision, LimitReport, Outcome, Source},
     error::{ConfigError, StoreError},
     policy::{Combine, Policy},
     redis::Invocation,
-    MAX_LIMITS,
 };
 
 /// The general script's text: `general_head.lua`, `gcra_decay.lua`, `general_tail.lua`.
