@@ -41,6 +41,7 @@ where
 {
     type Output = Result<S::Response, BoxError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project()
             .machine

@@ -120,6 +120,7 @@ impl<B> KeyExtractor<Request<B>> for PeerIp {
 
 /// The remote address of the connection, from `ConnectInfo<SocketAddr>` (feature `axum`),
 /// tonic's `TcpConnectInfo` (feature `tonic`) or a plain `SocketAddr` extension.
+#[inline]
 pub(crate) fn peer_addr<B>(req: &Request<B>) -> Option<SocketAddr> {
     let ext = req.extensions();
     #[cfg(feature = "axum")]

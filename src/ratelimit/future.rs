@@ -54,6 +54,7 @@ where
 {
     type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().machine.poll_machine(
             cx,
