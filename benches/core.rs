@@ -50,7 +50,15 @@ use tollgate::{clock::Clock as _, store::MemoryStore, Limit, Quota};
 
 /// This thread's CPU time. Batches are timed with it, not with the wall clock: on a
 /// machine shared with other jobs, the time a batch spends descheduled is not its cost.
+/// Whether this run counts instructions under valgrind rather than timing.
+static PROFILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn cpu() -> Duration {
+    // rustix reads the clock through the vDSO, which it finds in a way valgrind does not
+    // support: profiled runs (`TOLLGATE_PROFILE`) do not time.
+    if PROFILING.load(std::sync::atomic::Ordering::Relaxed) {
+        return Duration::ZERO;
+    }
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
@@ -498,9 +506,31 @@ fn ratios(filter: &str) {
     }
 }
 
+/// `TOLLGATE_PROFILE=<case> [TOLLGATE_PROFILE_WHO=tollgate|governor]
+/// [TOLLGATE_PROFILE_N=1000000]`: one side's batch of the case named exactly, for
+/// `bench/core_instructions.sh`.
+fn profile(name: &str) {
+    let n = std::env::var("TOLLGATE_PROFILE_N").map_or(1_000_000, |n| n.parse().unwrap());
+    let who = std::env::var("TOLLGATE_PROFILE_WHO").unwrap_or_else(|_| "tollgate".into());
+    PROFILING.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut case = build(name)
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no case {name}"));
+    let batch = if who == "governor" {
+        &mut case.governor
+    } else {
+        &mut case.tollgate
+    };
+    black_box(batch(n));
+}
+
 fn main() {
     if let Ok(filter) = std::env::var("TOLLGATE_RATIOS") {
         ratios(&filter);
+        return;
+    }
+    if let Ok(name) = std::env::var("TOLLGATE_PROFILE") {
+        profile(&name);
         return;
     }
     benches();
