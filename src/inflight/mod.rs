@@ -27,7 +27,7 @@
 //! response *body* ends (its last frame is read, or it fails) or the response, its body
 //! or the response future is dropped (the client left, a timeout fired). A streamed
 //! download holds its slot as long as it streams. Any key extractor of [`crate::key`]
-//! chooses the key; requests without one follow [`MissingKey`](crate::limiter::MissingKey)
+//! chooses the key; requests without one follow [`MissingKey`](crate::key::MissingKey)
 //! ([`InFlightLimitBuilder::on_missing_key`]; by default they share one set of slots).
 //!
 //! ```
@@ -124,7 +124,7 @@
 //! ```
 //!
 //! Every Redis call has a deadline (default 20 ms); a call that fails or misses it
-//! follows the layer's [`OnStoreError`](crate::limiter::OnStoreError): by default the
+//! follows the layer's [`OnStoreError`](crate::store::OnStoreError): by default the
 //! request goes through without a slot (fail open), or it is answered `503` (fail
 //! closed). After 3 such failures in a row (`RedisInFlightBuilder::breaker`) a circuit
 //! breaker stops calling Redis for 500 ms, so that during an outage requests get that
@@ -146,6 +146,8 @@
 
 mod answer;
 mod body;
+pub(crate) mod common;
+mod future;
 mod layer;
 mod memory;
 #[cfg(feature = "redis")]
@@ -158,5 +160,5 @@ pub use layer::{InFlightLimitBuilder, InFlightLimitLayer};
 pub use memory::MemoryInFlight;
 #[cfg(feature = "redis")]
 pub use redis::{RedisInFlight, RedisInFlightBuilder};
-pub use service::{InFlightLimit, ResponseFuture};
+pub use service::InFlightLimit;
 pub use store::InFlightStore;

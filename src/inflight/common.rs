@@ -1,0 +1,206 @@
+//! What the in-flight and the fair-sharing layers have in common, written once: the
+//! options their builders share (who is limited, the limit's name, what becomes of keyless
+//! requests and of store failures), and what those options make of a request before the
+//! store sees it.
+
+use std::{ops::ControlFlow, sync::Arc};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use tower_service::Service;
+
+use crate::{
+    error::ConfigError,
+    future::{take_ready, Machine},
+    key::KeyExtractor,
+    observe::KeylessWarning,
+    options::{MissingKey, OnStoreError},
+    response::{grpc, own_answer},
+};
+
+/// An answer of the layer's own (a refusal, a keyless request rejected, a failed store).
+pub(crate) type OwnAnswer = Box<Response<Bytes>>;
+
+/// What the layer makes of a request: the inner service is called, the response getting
+/// the fields `H` (`Ok`; `None`: the request went through unlimited), or an answer of the
+/// layer's own (`Err`). See [`Machine::now`](crate::future::Machine::now).
+pub(crate) type Verdict<H> = Result<Option<H>, OwnAnswer>;
+
+/// What the store made of a request: decided at once, or a decision to come (a
+/// [`Decide`](crate::future::Decide)).
+pub(crate) enum Decided<H, D> {
+    Now(Verdict<H>),
+    Later(D),
+}
+
+/// The words of a layer's own answers and events.
+#[derive(Debug)]
+pub(crate) struct Wording {
+    /// The layer's kind in events: `in-flight limit`.
+    pub(crate) kind: &'static str,
+    /// The detail of a keyless request's rejection.
+    pub(crate) no_key: &'static str,
+    /// The detail of a failed store's `503` under `OnStoreError::FailClosed`.
+    pub(crate) store_down: &'static str,
+}
+
+/// The options both builders hold; each builder's setters write them.
+#[derive(Clone, Debug)]
+pub(crate) struct CommonOptions<X> {
+    pub(crate) key: X,
+    pub(crate) label: String,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+}
+
+impl<X> CommonOptions<X> {
+    /// `key`, named `label`, keyless requests shared, stores failing open.
+    pub(crate) fn new(key: X, label: &str) -> Self {
+        CommonOptions {
+            key,
+            label: label.into(),
+            missing: MissingKey::default(),
+            on_error: OnStoreError::default(),
+        }
+    }
+
+    /// The layer's part. Refuses a label that cannot be sent in a header (empty, or not
+    /// printable ASCII) or holds one of `forbidden`.
+    pub(crate) fn build(
+        self,
+        forbidden: &[u8],
+        wording: &'static Wording,
+    ) -> Result<Common<X>, ConfigError> {
+        let label = self.label;
+        if label.is_empty()
+            || !label
+                .bytes()
+                .all(|b| (0x20..=0x7e).contains(&b) && !forbidden.contains(&b))
+        {
+            return Err(ConfigError::InvalidName(label));
+        }
+        Ok(Common {
+            key: self.key,
+            label: label.into(),
+            missing: self.missing,
+            on_error: self.on_error,
+            warned: KeylessWarning::default(),
+            wording,
+        })
+    }
+}
+
+/// The options at work, shared by every service of one layer.
+#[derive(Debug)]
+pub(crate) struct Common<X> {
+    pub(crate) key: X,
+    /// The limit's name (checked).
+    pub(crate) label: Arc<str>,
+    missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+    /// Whether the extractor's misconfiguration was logged already (once per layer).
+    warned: KeylessWarning,
+    wording: &'static Wording,
+}
+
+impl<X> Common<X> {
+    /// A service's response machine for `req`: its key goes to `decide` (which asks the
+    /// store), or a request without one gets what `MissingKey` makes of it.
+    #[inline]
+    pub(crate) fn call<S, B, H, D>(
+        &self,
+        inner: &mut S,
+        req: Request<B>,
+        decide: impl FnOnce(Option<X::Key>, &Request<B>) -> Decided<H, D>,
+    ) -> Machine<S, Request<B>, S::Future, OwnAnswer, H, D>
+    where
+        S: Service<Request<B>> + Clone,
+        X: KeyExtractor<Request<B>>,
+    {
+        match self.key(&req) {
+            ControlFlow::Continue(key) => match decide(key, &req) {
+                Decided::Now(verdict) => Machine::now(verdict, inner, req),
+                Decided::Later(decide) => Machine::later(decide, take_ready(inner), req),
+            },
+            ControlFlow::Break(verdict) => Machine::now(verdict, inner, req),
+        }
+    }
+
+    /// The request's key (`None`: the state keyless requests share), or, for a request
+    /// without one, what `MissingKey` makes of it when no store is asked.
+    #[inline]
+    fn key<B, H>(&self, req: &Request<B>) -> ControlFlow<Verdict<H>, Option<X::Key>>
+    where
+        X: KeyExtractor<Request<B>>,
+    {
+        match self.key.extract(req) {
+            Some(k) => ControlFlow::Continue(Some(k)),
+            None => self.keyless(req),
+        }
+    }
+
+    /// A request without a key: logged once per layer when the extractor says why, then
+    /// `MissingKey` decides.
+    #[cold]
+    fn keyless<B, H>(&self, req: &Request<B>) -> ControlFlow<Verdict<H>, Option<X::Key>>
+    where
+        X: KeyExtractor<Request<B>>,
+    {
+        self.warned
+            .keyless(&self.key, req, &self.label, self.missing, self.wording.kind);
+        match self.missing {
+            MissingKey::Allow => ControlFlow::Break(Ok(None)),
+            MissingKey::Reject(status) => ControlFlow::Break(Err(Box::new(own_answer(
+                grpc::is_grpc(req.headers()),
+                status,
+                self.wording.no_key,
+            )))),
+            _ => ControlFlow::Continue(None),
+        }
+    }
+}
+
+/// What a failed store means under `on_error`: the request goes through without fields
+/// (fail open), or it gets a `503` of the layer's own (fail closed).
+#[cold]
+pub(crate) fn store_failed<B, H>(
+    on_error: OnStoreError,
+    wording: &Wording,
+    req: &Request<B>,
+) -> Verdict<H> {
+    match on_error {
+        OnStoreError::FailClosed => Err(Box::new(own_answer(
+            grpc::is_grpc(req.headers()),
+            StatusCode::SERVICE_UNAVAILABLE,
+            wording.store_down,
+        ))),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static WORDS: Wording = Wording {
+        kind: "test limit",
+        no_key: "no key",
+        store_down: "store down",
+    };
+
+    fn label(label: &str, forbidden: &[u8]) -> Result<Arc<str>, ConfigError> {
+        let mut options = CommonOptions::new((), "default");
+        options.label = label.into();
+        options.build(forbidden, &WORDS).map(|c| c.label)
+    }
+
+    #[test]
+    fn labels_must_be_printable_and_without_the_forbidden_bytes() {
+        assert!(label("", b"").is_err());
+        assert!(label("é", b"").is_err());
+        assert!(label("a\nb", b"").is_err());
+        assert!(label("a{b}", b"{}").is_err());
+        assert_eq!(&*label("a{b}", b"").unwrap(), "a{b}");
+        assert_eq!(&*label("a\"b", b"{}").unwrap(), "a\"b");
+    }
+}
