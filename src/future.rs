@@ -1,17 +1,23 @@
-//! The response futures: one state machine shared by the HTTP and the generic middleware.
+//! The response futures: one state machine every layer's future wraps (the HTTP and the
+//! generic rate limits, the in-flight and the fair-sharing limits).
 //!
 //! States: `Refused` (the answer is known), `Calling` (the inner service runs), and, boxed
-//! so the common path stays small, `Slow`: a network store deciding, a queued request
-//! sleeping until its slot, or the inner service being made ready again after either.
+//! so the common path stays small, `Slow`: a decision to come (a [`Decide`]: a network
+//! store's answer, or an in-flight slot a queued request waits for), a queued request
+//! sleeping until its turn, or the inner service being made ready again after either.
+//! A layer enters through [`Machine::start`] (the rate limits, with the core's [`Begin`])
+//! or [`Machine::now`] and [`Machine::later`] (the layers that decide themselves), and
+//! reads the end through [`Machine::poll_machine`].
 //! Every transition moves the state's values out (`project_replace`), so no state holds
 //! half of its data; a future polled after it completed, or after a panic in the inner
 //! service interrupted a transition, panics with a message instead of hanging.
 //!
-//! A queued request is charged when the store admits it. If its future is dropped before
-//! the inner service is called with it (a timeout, a client gone), every unit goes back
-//! to every limit. When its slot comes it yields once before calling the inner service,
-//! so a timeout due at the same instant (`tower::timeout` polls the inner future first,
-//! then its timer) wins the tie: the request is dropped unserved and its units go back.
+//! A request a rate limit queues is charged when the store admits it. If its future is
+//! dropped before the inner service is called with it (a timeout, a client gone), every
+//! unit goes back to every limit. When its slot comes it yields once before calling the
+//! inner service, so a timeout due at the same instant (`tower::timeout` polls the inner
+//! future first, then its timer) wins the tie: the request is dropped unserved and its
+//! units go back.
 
 use std::{
     fmt,
@@ -74,17 +80,65 @@ pub(crate) enum Next<O, H> {
     },
 }
 
+impl<O, H> Next<O, H> {
+    /// A decision without a wait (see [`Machine::now`]): call the inner service now,
+    /// adding `extra` to its response (`Ok`), or answer (`Err`).
+    pub(crate) fn at_once(decided: Result<Option<H>, O>) -> Self {
+        match decided {
+            Ok(extra) => Next::Proceed {
+                wait: Duration::ZERO,
+                extra,
+                refund: None,
+            },
+            Err(out) => Next::Refuse(out),
+        }
+    }
+}
+
 /// Turns a store's answer into the next step (built on the slow path only).
 pub(crate) type Continuation<Req, O, H> =
     Box<dyn FnOnce(Result<Decision, StoreError>, &mut Req) -> Next<O, H> + Send>;
 
+/// A decision to come, which the machine polls in its boxed slow state: a network store's
+/// answer, or a slot a queued request waits for.
+pub(crate) trait Decide<Req, O, H> {
+    /// What the store answers.
+    type Answer;
+
+    /// Polls for the store's answer.
+    fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Self::Answer>;
+
+    /// What the answer means for the request.
+    fn next(self, answer: Self::Answer, req: &mut Req) -> Next<O, H>;
+}
+
+/// The rate limits' decision to come: the store's check, and what its answer means.
+pub(crate) struct Check<Req, O, H> {
+    check: CheckFuture,
+    then: Continuation<Req, O, H>,
+}
+
+impl<Req, O, H> Decide<Req, O, H> for Check<Req, O, H> {
+    type Answer = Result<Decision, StoreError>;
+
+    fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Self::Answer> {
+        Pin::new(&mut self.check).poll(cx)
+    }
+
+    fn next(self, answer: Self::Answer, req: &mut Req) -> Next<O, H> {
+        (self.then)(answer, req)
+    }
+}
+
 pin_project! {
-    /// The state machine; wrapped by the public futures.
+    /// The state machine; wrapped by every layer's response future. `O` is an answer
+    /// given without calling the inner service, `H` what an admitted request adds to its
+    /// response, `D` the decision to come (the rate limits' store check by default).
     #[project = MachineProj]
     #[project_replace = MachineOwned]
-    pub(crate) enum Machine<S, Req, F, O, H> {
+    pub(crate) enum Machine<S, Req, F, O, H, D = Check<Req, O, H>> {
         Refused { out: O },
-        Slow { slow: Pin<Box<Slow<S, Req, O, H>>> },
+        Slow { slow: Pin<Box<Slow<S, Req, H, D>>> },
         Calling { #[pin] future: F, extra: Option<H> },
         Done,
     }
@@ -94,10 +148,9 @@ pin_project! {
     /// The states that need the inner service and the request kept aside.
     #[project = SlowProj]
     #[project_replace = SlowOwned]
-    pub(crate) enum Slow<S, Req, O, H> {
-        Checking {
-            check: CheckFuture,
-            then: Continuation<Req, O, H>,
+    pub(crate) enum Slow<S, Req, H, D> {
+        Deciding {
+            decide: D,
             svc: S,
             req: Req,
         },
@@ -127,25 +180,30 @@ enum SlowDone<F, E, O, H> {
     Failed(E, Option<H>),
 }
 
-impl<S, Req, O, H> Slow<S, Req, O, H>
+impl<S, Req, H, D> Slow<S, Req, H, D>
 where
     S: Service<Req>,
 {
-    fn poll_slow(
+    fn poll_slow<O>(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<SlowDone<S::Future, S::Error, O, H>> {
+    ) -> Poll<SlowDone<S::Future, S::Error, O, H>>
+    where
+        D: Decide<Req, O, H>,
+    {
         loop {
             match self.as_mut().project() {
-                SlowProj::Checking { check, .. } => {
-                    let result = ready!(Pin::new(check).poll(cx));
-                    let SlowOwned::Checking {
-                        then, svc, mut req, ..
+                SlowProj::Deciding { decide, .. } => {
+                    let answer = ready!(decide.poll_answer(cx));
+                    let SlowOwned::Deciding {
+                        decide,
+                        svc,
+                        mut req,
                     } = self.as_mut().project_replace(Slow::Moving)
                     else {
-                        unreachable!("the state was Checking")
+                        unreachable!("the state was Deciding")
                     };
-                    match then(result, &mut req) {
+                    match decide.next(answer, &mut req) {
                         Next::Refuse(o) => return Poll::Ready(SlowDone::Refuse(o)),
                         Next::Proceed {
                             wait,
@@ -220,7 +278,7 @@ impl<S, Req, O, H> Machine<S, Req, S::Future, O, H>
 where
     S: Service<Req>,
 {
-    /// A service's response future for `begin`'s answer, `wrap` making it from the
+    /// A rate limit's response future for `begin`'s answer, `wrap` making it from the
     /// state: refused, called at once, queued, or waiting for the store. Inlined into
     /// `call`. A request called at once is returned from its own branch, so its inner
     /// future is written once, into the caller's future, not into a state first.
@@ -254,9 +312,28 @@ where
                 })
             }
             Begin::Now(next) => Self::from_next(next, inner, req),
-            Begin::Later(check, then) => Self::checking(check, then, take_ready(inner), req),
+            Begin::Later(check, then) => Self::later(Check { check, then }, take_ready(inner), req),
         };
         wrap(machine)
+    }
+}
+
+impl<S, Req, O, H, D> Machine<S, Req, S::Future, O, H, D>
+where
+    S: Service<Req>,
+{
+    /// The state for a decision made at once by a layer that decides itself (the rate
+    /// limits, which may also queue a request, come through `start`): the inner service
+    /// called now, adding `extra` to its response (`Ok`), or an answer (`Err`).
+    #[inline]
+    pub(crate) fn now(decided: Result<Option<H>, O>, inner: &mut S, req: Req) -> Self {
+        match decided {
+            Ok(extra) => Machine::Calling {
+                future: inner.call(req),
+                extra,
+            },
+            Err(out) => Machine::Refused { out },
+        }
     }
 
     /// The state for a request decided otherwise than called at once (`start` takes
@@ -295,19 +372,10 @@ where
         }
     }
 
-    pub(crate) fn checking(
-        check: CheckFuture,
-        then: Continuation<Req, O, H>,
-        svc: S,
-        req: Req,
-    ) -> Self {
+    /// The state for a decision to come; `svc` is a ready service (see [`take_ready`]).
+    pub(crate) fn later(decide: D, svc: S, req: Req) -> Self {
         Machine::Slow {
-            slow: Box::pin(Slow::Checking {
-                check,
-                then,
-                svc,
-                req,
-            }),
+            slow: Box::pin(Slow::Deciding { decide, svc, req }),
         }
     }
 
@@ -321,7 +389,10 @@ where
         cx: &mut Context<'_>,
         inner: impl FnOnce(Result<S::Response, S::Error>, Option<H>) -> T,
         early: impl FnOnce(O) -> T,
-    ) -> Poll<T> {
+    ) -> Poll<T>
+    where
+        D: Decide<Req, O, H>,
+    {
         loop {
             match self.as_mut().project() {
                 MachineProj::Calling { future, extra } => {
@@ -359,12 +430,12 @@ pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, clone)
 }
 
-impl<S, Req, F, O, H> fmt::Debug for Machine<S, Req, F, O, H> {
+impl<S, Req, F, O, H, D> fmt::Debug for Machine<S, Req, F, O, H, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self {
             Machine::Refused { .. } => "Refused",
             Machine::Slow { slow } => match **slow {
-                Slow::Checking { .. } => "Checking",
+                Slow::Deciding { .. } => "Deciding",
                 Slow::Waiting { .. } => "Waiting",
                 Slow::Ready { .. } => "Ready",
                 Slow::Moving => "Moving",

@@ -1,196 +1,206 @@
-//! The response future of the layers that decide before calling and answer a refusal
-//! themselves (the in-flight and fair-sharing layers): a refusal ready at once, a decision
-//! pending on a store (then the inner service's readiness), or the inner call, whose
-//! response gets what the admission carries (fields, a slot held by the body).
+//! What the in-flight and the fair-sharing layers have in common, written once: the
+//! options their builders share (who is limited, the limit's name, what becomes of keyless
+//! requests and of store failures), and what those options make of a request before the
+//! store sees it.
 
-use std::{
-    future::Future,
-    pin::Pin,
-    task::{ready, Context, Poll},
-};
+use std::{ops::ControlFlow, sync::Arc};
 
 use bytes::Bytes;
-use http::{response::Parts, Request, Response};
-use pin_project_lite::pin_project;
+use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
-const POLLED_AFTER_DONE: &str = "tollgate: response future polled after it completed";
+use crate::{
+    error::ConfigError,
+    future::{take_ready, Machine},
+    key::KeyExtractor,
+    observe::KeylessWarning,
+    options::{MissingKey, OnStoreError},
+    response::{grpc, own_answer},
+};
 
-/// What an admitted request carries to its response, and the body the layer answers with.
-pub(crate) trait Admission: Sized {
-    /// The response body: the inner service's, wrapped, or the layer's own.
-    type Body<B>;
+/// An answer of the layer's own (a refusal, a keyless request rejected, a failed store).
+pub(crate) type OwnAnswer = Box<Response<Bytes>>;
 
-    /// The response of an admitted request: its fields added, its body wrapped.
-    fn respond<B>(self, parts: &mut Parts, body: B) -> Self::Body<B>;
+/// What the layer makes of a request: the inner service is called, the response getting
+/// the fields `H` (`Ok`; `None`: the request went through unlimited), or an answer of the
+/// layer's own (`Err`). See [`Machine::now`](crate::future::Machine::now).
+pub(crate) type Verdict<H> = Result<Option<H>, OwnAnswer>;
 
-    /// The body of the layer's own answer (a refusal).
-    fn own<B>(data: Bytes) -> Self::Body<B>;
+/// What the store made of a request: decided at once, or a decision to come (a
+/// [`Decide`](crate::future::Decide)).
+pub(crate) enum Decided<H, D> {
+    Now(Verdict<H>),
+    Later(D),
 }
 
-/// A decision still to come (from a queue or a network store).
-pub(crate) trait Decide {
-    type Admitted: Admission;
-
-    /// The admission, or the layer's own answer.
-    fn poll_decide(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Admitted, Box<Response<Bytes>>>>;
+/// The words of a layer's own answers and events.
+#[derive(Debug)]
+pub(crate) struct Wording {
+    /// The layer's kind in events: `in-flight limit`.
+    pub(crate) kind: &'static str,
+    /// The detail of a keyless request's rejection.
+    pub(crate) no_key: &'static str,
+    /// The detail of a failed store's `503` under `OnStoreError::FailClosed`.
+    pub(crate) store_down: &'static str,
 }
 
-pin_project! {
-    /// The future. No allocation when the decision is made at once.
-    pub(crate) struct GateFuture<S, B, D>
+/// The options both builders hold; each builder's setters write them.
+#[derive(Clone, Debug)]
+pub(crate) struct CommonOptions<X> {
+    pub(crate) key: X,
+    pub(crate) label: String,
+    pub(crate) missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+}
+
+impl<X> CommonOptions<X> {
+    /// `key`, named `label`, keyless requests shared, stores failing open.
+    pub(crate) fn new(key: X, label: &str) -> Self {
+        CommonOptions {
+            key,
+            label: label.into(),
+            missing: MissingKey::default(),
+            on_error: OnStoreError::default(),
+        }
+    }
+
+    /// The layer's part. Refuses a label that cannot be sent in a header (empty, or not
+    /// printable ASCII) or holds one of `forbidden`.
+    pub(crate) fn build(
+        self,
+        forbidden: &[u8],
+        wording: &'static Wording,
+    ) -> Result<Common<X>, ConfigError> {
+        let label = self.label;
+        if label.is_empty()
+            || !label
+                .bytes()
+                .all(|b| (0x20..=0x7e).contains(&b) && !forbidden.contains(&b))
+        {
+            return Err(ConfigError::InvalidName(label));
+        }
+        Ok(Common {
+            key: self.key,
+            label: label.into(),
+            missing: self.missing,
+            on_error: self.on_error,
+            warned: KeylessWarning::default(),
+            wording,
+        })
+    }
+}
+
+/// The options at work, shared by every service of one layer.
+#[derive(Debug)]
+pub(crate) struct Common<X> {
+    pub(crate) key: X,
+    /// The limit's name (checked).
+    pub(crate) label: Arc<str>,
+    missing: MissingKey,
+    pub(crate) on_error: OnStoreError,
+    /// Whether the extractor's misconfiguration was logged already (once per layer).
+    warned: KeylessWarning,
+    wording: &'static Wording,
+}
+
+impl<X> Common<X> {
+    /// A service's response machine for `req`: its key goes to `decide` (which asks the
+    /// store), or a request without one gets what `MissingKey` makes of it.
+    #[inline]
+    pub(crate) fn call<S, B, H, D>(
+        &self,
+        inner: &mut S,
+        req: Request<B>,
+        decide: impl FnOnce(Option<X::Key>, &Request<B>) -> Decided<H, D>,
+    ) -> Machine<S, Request<B>, S::Future, OwnAnswer, H, D>
     where
-        S: Service<Request<B>>,
-        D: Decide,
+        S: Service<Request<B>> + Clone,
+        X: KeyExtractor<Request<B>>,
     {
-        #[pin]
-        state: State<S, B, S::Future, D>,
+        match self.key(&req) {
+            ControlFlow::Continue(key) => match decide(key, &req) {
+                Decided::Now(verdict) => Machine::now(verdict, inner, req),
+                Decided::Later(decide) => Machine::later(decide, take_ready(inner), req),
+            },
+            ControlFlow::Break(verdict) => Machine::now(verdict, inner, req),
+        }
     }
-}
 
-pin_project! {
-    #[project = StateProj]
-    #[project_replace = StateOwned]
-    enum State<S, B, F, D>
+    /// The request's key (`None`: the state keyless requests share), or, for a request
+    /// without one, what `MissingKey` makes of it when no store is asked.
+    #[inline]
+    fn key<B, H>(&self, req: &Request<B>) -> ControlFlow<Verdict<H>, Option<X::Key>>
     where
-        D: Decide,
+        X: KeyExtractor<Request<B>>,
     {
-        Answered { response: Box<Response<Bytes>> },
-        Deciding { slow: Box<Slow<S, B, D>> },
-        Calling { #[pin] future: F, admitted: D::Admitted },
-        Done,
+        match self.key.extract(req) {
+            Some(k) => ControlFlow::Continue(Some(k)),
+            None => self.keyless(req),
+        }
     }
-}
 
-/// A request waiting for its decision, then for the inner service to be ready.
-struct Slow<S, B, D: Decide> {
-    decide: D,
-    admitted: Option<D::Admitted>,
-    svc: S,
-    req: Option<Request<B>>,
-}
-
-enum Next<F, A, E> {
-    Call(F, A),
-    Answer(Box<Response<Bytes>>),
-    Failed(E),
-}
-
-impl<S, B, D> Slow<S, B, D>
-where
-    S: Service<Request<B>>,
-    D: Decide,
-{
-    fn poll_slow(&mut self, cx: &mut Context<'_>) -> Poll<Next<S::Future, D::Admitted, S::Error>> {
-        if self.admitted.is_none() {
-            match ready!(self.decide.poll_decide(cx)) {
-                Ok(admitted) => self.admitted = Some(admitted),
-                Err(response) => return Poll::Ready(Next::Answer(response)),
-            }
-        }
-        // Readiness may have lapsed while the request waited: ask again. A failure drops
-        // the admission (and a slot it holds) with this state.
-        if let Err(e) = ready!(self.svc.poll_ready(cx)) {
-            return Poll::Ready(Next::Failed(e));
-        }
-        match (self.req.take(), self.admitted.take()) {
-            (Some(req), Some(admitted)) => Poll::Ready(Next::Call(self.svc.call(req), admitted)),
-            _ => panic!("{POLLED_AFTER_DONE}"),
+    /// A request without a key: logged once per layer when the extractor says why, then
+    /// `MissingKey` decides.
+    #[cold]
+    fn keyless<B, H>(&self, req: &Request<B>) -> ControlFlow<Verdict<H>, Option<X::Key>>
+    where
+        X: KeyExtractor<Request<B>>,
+    {
+        self.warned
+            .keyless(&self.key, req, &self.label, self.missing, self.wording.kind);
+        match self.missing {
+            MissingKey::Allow => ControlFlow::Break(Ok(None)),
+            MissingKey::Reject(status) => ControlFlow::Break(Err(Box::new(own_answer(
+                grpc::is_grpc(req.headers()),
+                status,
+                self.wording.no_key,
+            )))),
+            _ => ControlFlow::Continue(None),
         }
     }
 }
 
-impl<S, B, D> GateFuture<S, B, D>
-where
-    S: Service<Request<B>>,
-    D: Decide,
-{
-    /// Answered by the layer.
-    pub(crate) fn answered(response: Response<Bytes>) -> Self {
-        GateFuture {
-            state: State::Answered {
-                response: Box::new(response),
-            },
-        }
-    }
-
-    /// Admitted at once: the inner call is made.
-    pub(crate) fn calling(future: S::Future, admitted: D::Admitted) -> Self {
-        GateFuture {
-            state: State::Calling { future, admitted },
-        }
-    }
-
-    /// Decided later; `svc` is a ready service (see `take_ready`).
-    pub(crate) fn deciding(decide: D, svc: S, req: Request<B>) -> Self {
-        GateFuture {
-            state: State::Deciding {
-                slow: Box::new(Slow {
-                    decide,
-                    admitted: None,
-                    svc,
-                    req: Some(req),
-                }),
-            },
-        }
-    }
-
-    /// The state's name, for `Debug`.
-    pub(crate) fn state_name(&self) -> &'static str {
-        match &self.state {
-            State::Answered { .. } => "Answered",
-            State::Deciding { .. } => "Deciding",
-            State::Calling { .. } => "Calling",
-            State::Done => "Done",
-        }
+/// What a failed store means under `on_error`: the request goes through without fields
+/// (fail open), or it gets a `503` of the layer's own (fail closed).
+#[cold]
+pub(crate) fn store_failed<B, H>(
+    on_error: OnStoreError,
+    wording: &Wording,
+    req: &Request<B>,
+) -> Verdict<H> {
+    match on_error {
+        OnStoreError::FailClosed => Err(Box::new(own_answer(
+            grpc::is_grpc(req.headers()),
+            StatusCode::SERVICE_UNAVAILABLE,
+            wording.store_down,
+        ))),
+        _ => Ok(None),
     }
 }
 
-impl<S, B, D, ResBody> Future for GateFuture<S, B, D>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-    D: Decide,
-{
-    type Output = Result<Response<<D::Admitted as Admission>::Body<ResBody>>, S::Error>;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self.project().state;
-        loop {
-            match state.as_mut().project() {
-                StateProj::Answered { .. } => {
-                    let StateOwned::Answered { response } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Answered")
-                    };
-                    return Poll::Ready(Ok((*response).map(D::Admitted::own)));
-                }
-                StateProj::Deciding { slow } => match ready!(slow.poll_slow(cx)) {
-                    Next::Call(future, admitted) => state.set(State::Calling { future, admitted }),
-                    Next::Answer(response) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Ok((*response).map(D::Admitted::own)));
-                    }
-                    Next::Failed(e) => {
-                        state.set(State::Done);
-                        return Poll::Ready(Err(e));
-                    }
-                },
-                StateProj::Calling { future, .. } => {
-                    let result = ready!(future.poll(cx));
-                    let StateOwned::Calling { admitted, .. } = state.project_replace(State::Done)
-                    else {
-                        unreachable!("the state was Calling")
-                    };
-                    // An error drops the admission here.
-                    let (mut parts, body) = result?.into_parts();
-                    let body = admitted.respond(&mut parts, body);
-                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
-                }
-                StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
-            }
-        }
+    static WORDS: Wording = Wording {
+        kind: "test limit",
+        no_key: "no key",
+        store_down: "store down",
+    };
+
+    fn label(label: &str, forbidden: &[u8]) -> Result<Arc<str>, ConfigError> {
+        let mut options = CommonOptions::new((), "default");
+        options.label = label.into();
+        options.build(forbidden, &WORDS).map(|c| c.label)
+    }
+
+    #[test]
+    fn labels_must_be_printable_and_without_the_forbidden_bytes() {
+        assert!(label("", b"").is_err());
+        assert!(label("é", b"").is_err());
+        assert!(label("a\nb", b"").is_err());
+        assert!(label("a{b}", b"{}").is_err());
+        assert_eq!(&*label("a{b}", b"").unwrap(), "a{b}");
+        assert_eq!(&*label("a\"b", b"{}").unwrap(), "a\"b");
     }
 }

@@ -195,7 +195,6 @@ pub mod inflight;
 pub mod ratelimit;
 
 mod future;
-mod gate;
 mod limiter;
 mod observe;
 mod options;

@@ -104,16 +104,20 @@
 //! call each, about as costly as a rate limit's); spread load by splitting traffic into
 //! several pools (a label per tenant or region), not by adding nodes.
 
+mod answer;
+mod future;
 mod layer;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+mod service;
 mod share;
 mod store;
 
-pub use layer::{FairLimit, FairLimitBuilder, FairLimitLayer, ResponseFuture};
+pub use layer::{FairLimitBuilder, FairLimitLayer};
 pub use memory::MemoryFair;
 #[cfg(feature = "redis")]
 pub use redis::{RedisFair, RedisFairBuilder};
+pub use service::FairLimit;
 pub use share::Share;
 pub use store::FairStore;

@@ -1,17 +1,29 @@
-//! The in-flight layer's header values and refusal, formatted once when the layer is
-//! built.
+//! What an attempt to take a slot means for the request ([`settle`]) and its response:
+//! the fields an admitted response carries ([`Slot`]) and the refusal, formatted once when
+//! the layer is built ([`InFlightReplies`]).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 
+use super::{
+    common::{store_failed, Verdict, Wording},
+    store::{Acquired, Permit},
+};
 use crate::{
-    error::ConfigError,
+    options::OnStoreError,
     response::{
-        prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
+        grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
         RATELIMIT, RATELIMIT_POLICY,
     },
+};
+
+/// The in-flight layer's words.
+pub(crate) static WORDING: Wording = Wording {
+    kind: "in-flight limit",
+    no_key: "No in-flight limit key could be extracted from this request.",
+    store_down: "The in-flight limiter's store is unavailable.",
 };
 
 /// `RateLimit` values formatted in advance, for this many remaining slots and fewer.
@@ -21,10 +33,10 @@ const PRESET: u32 = 256;
 /// one second, the shortest a client may be told, and never `0`.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// What the layer adds to its responses.
-pub(crate) struct Answers {
+/// What the layer adds to its responses: the fields' values and the refusal.
+pub(crate) struct InFlightReplies {
     /// The limit's name.
-    pub(crate) label: Box<str>,
+    pub(crate) label: Arc<str>,
     /// `"label";q=N;qu="concurrent-requests"`.
     policy: HeaderValue,
     /// `"label";r=` (the prefix of every `RateLimit` value).
@@ -47,16 +59,16 @@ pub(crate) enum Counted {
     FailClosed = 3,
 }
 
-impl std::fmt::Debug for Answers {
+impl std::fmt::Debug for InFlightReplies {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answers")
+        f.debug_struct("InFlightReplies")
             .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
 
-impl Answers {
-    /// Counts a request's outcome (with the feature `metrics`).
+impl InFlightReplies {
+    /// Counts what became of a request (with the feature `metrics`).
     #[inline]
     pub(crate) fn count(&self, what: Counted) {
         #[cfg(feature = "metrics")]
@@ -64,12 +76,9 @@ impl Answers {
         let _ = what;
     }
 
-    /// The answers of a limit named `label` of `max` requests in flight. Refuses a label
-    /// that cannot be sent in a header.
-    pub(crate) fn new(label: &str, max: u32) -> Result<Self, ConfigError> {
-        if label.is_empty() || !label.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-            return Err(ConfigError::InvalidName(label.to_owned()));
-        }
+    /// The replies of a limit named `label` (checked: see `CommonOptions::build`) of
+    /// `max` requests in flight.
+    pub(crate) fn new(label: &Arc<str>, max: u32) -> Self {
         let mut prefix = Vec::new();
         sf_string(label, &mut prefix);
         let mut policy = prefix.clone();
@@ -93,21 +102,21 @@ impl Answers {
         );
         #[cfg(feature = "metrics")]
         crate::observe::describe();
-        Ok(Answers {
+        InFlightReplies {
             #[cfg(feature = "metrics")]
             requests: ["admitted", "refused", "fail_open", "fail_closed"].map(|r| {
                 metrics::counter!(
                     "tollgate.in_flight.requests",
-                    "tollgate.limiter" => label.to_owned(),
+                    "tollgate.limiter" => label.to_string(),
                     "tollgate.result" => r
                 )
             }),
-            label: label.into(),
+            label: Arc::clone(label),
             policy: shared_value(policy),
             prefix,
             remaining,
             body,
-        })
+        }
     }
 
     fn remaining_value(&self, r: u32) -> HeaderValue {
@@ -138,13 +147,68 @@ impl Answers {
     }
 }
 
+/// What an admitted request carries to its response: its slot, and what its fields say.
+pub(crate) struct Slot {
+    permit: Permit,
+    replies: Arc<InFlightReplies>,
+    remaining: u32,
+}
+
+impl Slot {
+    /// Adds the limit's fields to the response's headers; the slot stays held by the
+    /// returned permit (which the response body keeps).
+    pub(crate) fn apply(self, headers: &mut HeaderMap) -> Permit {
+        self.replies.apply(headers, self.remaining);
+        self.permit
+    }
+}
+
+/// What an attempt to take a slot means for `req`: proceed with its slot, or an answer of
+/// the layer's own.
+#[inline]
+pub(crate) fn settle<B>(
+    acquired: Acquired,
+    replies: &Arc<InFlightReplies>,
+    on_error: OnStoreError,
+    req: &Request<B>,
+) -> Verdict<Slot> {
+    match acquired {
+        Acquired::Admitted { permit, remaining } => {
+            replies.count(Counted::Admitted);
+            Ok(Some(Slot {
+                permit,
+                replies: Arc::clone(replies),
+                remaining,
+            }))
+        }
+        Acquired::Full => {
+            replies.count(Counted::Refused);
+            tracing::info!(target: "tollgate", limiter = %replies.label, "in-flight limit refused a request");
+            Err(Box::new(replies.refusal(grpc::is_grpc(req.headers()))))
+        }
+        // The store logged the failure.
+        Acquired::Failed(_) => {
+            let verdict = store_failed(on_error, &WORDING, req);
+            replies.count(match verdict {
+                Ok(_) => Counted::FailOpen,
+                Err(_) => Counted::FailClosed,
+            });
+            verdict
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn replies(label: &str, max: u32) -> InFlightReplies {
+        InFlightReplies::new(&label.into(), max)
+    }
+
     #[test]
     fn fields_and_refusal() {
-        let a = Answers::new("inflight", 2).unwrap();
+        let a = replies("inflight", 2);
         let mut h = HeaderMap::new();
         a.apply(&mut h, 1);
         assert_eq!(
@@ -163,16 +227,14 @@ mod tests {
 
     #[test]
     fn values_past_the_preset_are_formatted() {
-        let a = Answers::new("x", 1000).unwrap();
+        let a = replies("x", 1000);
         assert_eq!(a.remaining_value(999), "\"x\";r=999");
         assert_eq!(a.remaining_value(3), "\"x\";r=3");
     }
 
     #[test]
-    fn labels_must_be_printable() {
-        assert!(Answers::new("", 1).is_err());
-        assert!(Answers::new("é", 1).is_err());
-        let a = Answers::new("a\"b", 1).unwrap();
+    fn labels_are_quoted() {
+        let a = replies("a\"b", 1);
         assert_eq!(a.remaining_value(0), "\"a\\\"b\";r=0");
     }
 }

@@ -7,7 +7,8 @@ use http::Request;
 use tower_layer::Layer;
 
 use super::{
-    answer::Answers,
+    answer::{InFlightReplies, WORDING},
+    common::CommonOptions,
     memory::MemoryInFlight,
     service::{InFlightLimit, Shared},
     store::Limits,
@@ -15,13 +16,12 @@ use super::{
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
-    observe::KeylessWarning,
     options::{MissingKey, OnStoreError},
 };
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
 /// says otherwise.
-pub(crate) const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// Limits how many requests of each key are in flight at once: `.layer(InFlightLimitLayer::new(..))`
 /// on an axum `Router`, a route, or any tower HTTP service. See the
@@ -46,11 +46,11 @@ impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for InFlightLimitLayer<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.shared;
         f.debug_struct("InFlightLimitLayer")
-            .field("key", &s.key)
+            .field("key", &s.common.key)
             .field("max_in_flight", &s.limits.max)
             .field("queue", &s.limits.queue)
             .field("max_wait", &s.limits.max_wait)
-            .field("label", &s.answers.label)
+            .field("label", &s.common.label)
             .field("store", &s.store)
             .finish_non_exhaustive()
     }
@@ -73,10 +73,9 @@ where
     /// # let _: axum::Router = axum::Router::new().layer(limit);
     /// ```
     pub fn new(key: X, max_in_flight: u32) -> Self {
-        let builder = InFlightLimitBuilder::new(key, max_in_flight);
-        let answers = Answers::new(&builder.label, max_in_flight)
-            .unwrap_or_else(|_| unreachable!("the default label is valid"));
-        builder.finish(MemoryInFlight::new(), answers)
+        InFlightLimitBuilder::new(key, max_in_flight)
+            .build_with(MemoryInFlight::new())
+            .unwrap_or_else(|_| unreachable!("the default label is valid"))
     }
 }
 
@@ -113,25 +112,19 @@ impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct InFlightLimitBuilder<X> {
-    key: X,
+    common: CommonOptions<X>,
     limits: Limits,
-    missing: MissingKey,
-    on_error: OnStoreError,
-    label: String,
 }
 
 impl<X> InFlightLimitBuilder<X> {
     fn new(key: X, max: u32) -> Self {
         InFlightLimitBuilder {
-            key,
+            common: CommonOptions::new(key, "inflight"),
             limits: Limits {
                 max,
                 queue: 0,
                 max_wait: DEFAULT_MAX_WAIT,
             },
-            missing: MissingKey::default(),
-            on_error: OnStoreError::default(),
-            label: "inflight".into(),
         }
     }
 
@@ -153,36 +146,22 @@ impl<X> InFlightLimitBuilder<X> {
     /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem body's
     /// `violated-policies` and events (default `inflight`). Printable ASCII.
     pub fn label(mut self, label: &str) -> Self {
-        self.label = label.into();
+        self.common.label = label.into();
         self
     }
 
     /// What to do with a request without a key (default [`MissingKey::Shared`]: keyless
     /// requests share one set of slots).
     pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.missing = missing;
+        self.common.missing = missing;
         self
     }
 
     /// What to do when a shared store fails (default [`OnStoreError::FailOpen`]: the
     /// request goes through without a slot). The memory store never fails.
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.on_error = on_error;
+        self.common.on_error = on_error;
         self
-    }
-
-    fn finish<St>(self, store: St, answers: Answers) -> InFlightLimitLayer<X, St> {
-        InFlightLimitLayer {
-            shared: Arc::new(Shared {
-                key: self.key,
-                store,
-                limits: self.limits,
-                missing: self.missing,
-                on_error: self.on_error,
-                answers: Arc::new(answers),
-                warned: KeylessWarning::default(),
-            }),
-        }
     }
 
     /// Builds the layer with the in-memory store. Refuses a label that cannot be sent in
@@ -199,7 +178,15 @@ impl<X> InFlightLimitBuilder<X> {
     /// instance, or a [`MemoryInFlight`] shared with other layers. The store must be an
     /// [`InFlightStore`](super::InFlightStore) of the extractor's key type for the layer to make services.
     pub fn build_with<St>(self, store: St) -> Result<InFlightLimitLayer<X, St>, ConfigError> {
-        let answers = Answers::new(&self.label, self.limits.max)?;
-        Ok(self.finish(store, answers))
+        let common = self.common.build(b"", &WORDING)?;
+        let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
+        Ok(InFlightLimitLayer {
+            shared: Arc::new(Shared {
+                common,
+                store,
+                limits: self.limits,
+                replies,
+            }),
+        })
     }
 }

@@ -16,7 +16,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
 use super::store::{
-    sealed::Backend, Acquiring, Attempt, InFlightStore, Limits, Outcome, Permit, Release,
+    sealed::Backend, Acquired, Acquiring, Attempt, InFlightStore, Limits, Permit, Release,
 };
 use crate::store::map::{default_shards, hash_of, KeyHasher};
 
@@ -196,7 +196,7 @@ impl<K: Hash + Eq + Send + 'static> Table<K> {
             Some(&i) => i as usize,
             None => {
                 if limits.max == 0 {
-                    return Attempt::Now(Outcome::Full);
+                    return Attempt::Now(Acquired::Full);
                 }
                 let entry = Entry {
                     key,
@@ -224,19 +224,19 @@ impl<K: Hash + Eq + Send + 'static> Table<K> {
         };
         let ticket = shard.next_ticket;
         let Some(e) = shard.entry(i) else {
-            return Attempt::Now(Outcome::Full);
+            return Attempt::Now(Acquired::Full);
         };
         if e.count < limits.max && e.waiting.is_empty() {
             e.count += 1;
             let remaining = limits.max - e.count;
             let owner: Arc<dyn Release> = self.clone();
-            return Attempt::Now(Outcome::Admitted {
+            return Attempt::Now(Acquired::Admitted {
                 permit: Permit::new(owner, slot(s, i as u32)),
                 remaining,
             });
         }
         if limits.max == 0 || e.waiting.len() as u64 >= u64::from(limits.queue) {
-            return Attempt::Now(Outcome::Full);
+            return Attempt::Now(Acquired::Full);
         }
         e.waiting.push_back(Waiter {
             ticket,
@@ -331,17 +331,17 @@ pin_project! {
 }
 
 impl<K: Send + 'static> Future for Wait<K> {
-    type Output = Outcome;
+    type Output = Acquired;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Acquired> {
         let this = self.project();
         // A slot handed over wins over a timeout due at the same instant.
         if let Poll::Ready(turn) = this.ticket.poll_turn(*this.max, cx) {
             let Some(remaining) = turn else {
-                return Poll::Ready(Outcome::Full);
+                return Poll::Ready(Acquired::Full);
             };
             let owner: Arc<dyn Release> = this.ticket.table.clone();
-            return Poll::Ready(Outcome::Admitted {
+            return Poll::Ready(Acquired::Admitted {
                 permit: Permit::new(owner, this.ticket.slot),
                 remaining,
             });
@@ -349,7 +349,7 @@ impl<K: Send + 'static> Future for Wait<K> {
         match this.sleep.poll(cx) {
             Poll::Ready(()) => {
                 this.ticket.leave();
-                Poll::Ready(Outcome::Full)
+                Poll::Ready(Acquired::Full)
             }
             Poll::Pending => Poll::Pending,
         }
@@ -376,7 +376,7 @@ mod tests {
         max_wait: Duration::from_secs(60),
     };
 
-    fn now(a: Attempt) -> Outcome {
+    fn now(a: Attempt) -> Acquired {
         match a {
             Attempt::Now(o) => o,
             Attempt::Later(_) => panic!("queued"),
@@ -400,7 +400,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slot_goes_to_the_oldest_waiter_and_the_entry_goes_last() {
         let store = MemoryInFlight::<&str>::new();
-        let Outcome::Admitted { permit, remaining } = now(store.acquire(Some("k"), &LIMITS)) else {
+        let Acquired::Admitted { permit, remaining } = now(store.acquire(Some("k"), &LIMITS))
+        else {
             panic!("a free slot")
         };
         assert_eq!(remaining, 0);
@@ -408,16 +409,16 @@ mod tests {
         let mut w2 = later(store.acquire(Some("k"), &LIMITS));
         assert!(matches!(
             now(store.acquire(Some("k"), &LIMITS)),
-            Outcome::Full
+            Acquired::Full
         ));
         assert!(pending(&mut w1).await && pending(&mut w2).await);
         drop(permit);
         assert!(pending(&mut w2).await);
-        let Outcome::Admitted { permit, .. } = (&mut w1).await else {
+        let Acquired::Admitted { permit, .. } = (&mut w1).await else {
             panic!("handed over")
         };
         drop(permit);
-        let Outcome::Admitted { permit, .. } = w2.await else {
+        let Acquired::Admitted { permit, .. } = w2.await else {
             panic!("handed over")
         };
         assert_eq!(store.len(), 1);

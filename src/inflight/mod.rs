@@ -146,6 +146,8 @@
 
 mod answer;
 mod body;
+pub(crate) mod common;
+mod future;
 mod layer;
 mod memory;
 #[cfg(feature = "redis")]
@@ -158,5 +160,5 @@ pub use layer::{InFlightLimitBuilder, InFlightLimitLayer};
 pub use memory::MemoryInFlight;
 #[cfg(feature = "redis")]
 pub use redis::{RedisInFlight, RedisInFlightBuilder};
-pub use service::{InFlightLimit, ResponseFuture};
+pub use service::InFlightLimit;
 pub use store::InFlightStore;

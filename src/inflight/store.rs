@@ -82,9 +82,9 @@ impl fmt::Debug for Permit {
     }
 }
 
-/// What an attempt to take a slot came to.
+/// What an attempt to take a slot came to: a slot, or none (and why).
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Acquired {
     /// A slot is held (`remaining`: the key's free slots after this one).
     Admitted { permit: Permit, remaining: u32 },
     /// Every slot is taken and the queue is full, or the wait ran out.
@@ -93,12 +93,16 @@ pub enum Outcome {
     Failed(StoreError),
 }
 
+// The old name of `Acquired`, for `redis.rs` until it says `Acquired`.
+#[cfg(feature = "redis")]
+pub(crate) use Acquired as Outcome;
+
 /// A pending attempt: a request waiting in a key's queue, or a network store's call.
 /// Boxed: only queued requests and network stores take this path.
-pub struct Acquiring(Pin<Box<dyn Future<Output = Outcome> + Send>>);
+pub struct Acquiring(Pin<Box<dyn Future<Output = Acquired> + Send>>);
 
 impl Acquiring {
-    pub(crate) fn new(future: impl Future<Output = Outcome> + Send + 'static) -> Self {
+    pub(crate) fn new(future: impl Future<Output = Acquired> + Send + 'static) -> Self {
         Acquiring(Box::pin(future))
     }
 }
@@ -110,9 +114,9 @@ impl fmt::Debug for Acquiring {
 }
 
 impl Future for Acquiring {
-    type Output = Outcome;
+    type Output = Acquired;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Acquired> {
         self.0.as_mut().poll(cx)
     }
 }
@@ -121,7 +125,7 @@ impl Future for Acquiring {
 #[derive(Debug)]
 pub enum Attempt {
     /// Decided at once.
-    Now(Outcome),
+    Now(Acquired),
     /// Decided later.
     Later(Acquiring),
 }
