@@ -1,4 +1,5 @@
-//! What the in-flight and the fair-sharing layers have in common, written once: the
+//! The gate: what the layers that admit or refuse before calling (in-flight and fair
+//! sharing) have in common, written once: the
 //! options their builders share (who is limited, the limit's name, what becomes of keyless
 //! requests and of store failures), and what those options make of a request before the
 //! store sees it.

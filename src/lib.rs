@@ -195,6 +195,7 @@ pub mod inflight;
 pub mod ratelimit;
 
 mod future;
+mod gate;
 mod limiter;
 mod observe;
 mod options;

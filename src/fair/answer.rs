@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use super::share::{FairDecision, Share};
 use crate::{
     error::StoreError,
-    inflight::common::{store_failed, Verdict, Wording},
+    gate::{store_failed, Verdict, Wording},
     observe::{outage, OncePerSecond},
     options::OnStoreError,
     quota::Quota,

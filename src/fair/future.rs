@@ -21,7 +21,7 @@ use super::{
 use crate::{
     error::StoreError,
     future::{Decide, Machine, Next},
-    inflight::common::OwnAnswer,
+    gate::OwnAnswer,
     options::OnStoreError,
     response::RateLimitBody,
     store::StoreFuture,

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     error::ConfigError,
-    inflight::common::CommonOptions,
+    gate::CommonOptions,
     key::{Global, KeyExtractor, RequestHead},
     options::{MissingKey, OnStoreError},
     quota::Quota,

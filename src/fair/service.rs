@@ -18,7 +18,7 @@ use super::{
     store::FairStore,
 };
 use crate::{
-    inflight::common::{Common, Decided},
+    gate::{Common, Decided},
     key::{KeyExtractor, RequestHead},
     quota::Quota,
     response::RateLimitBody,

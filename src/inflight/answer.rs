@@ -7,10 +7,8 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
-use super::{
-    common::{store_failed, Verdict, Wording},
-    store::{Acquired, Permit},
-};
+use super::store::{Acquired, Permit};
+use crate::gate::{store_failed, Verdict, Wording};
 use crate::{
     options::OnStoreError,
     response::{

@@ -18,9 +18,9 @@ use tower_service::Service;
 use super::{
     answer::{settle, InFlightReplies, Slot},
     body::InFlightBody,
-    common::OwnAnswer,
     store::{Acquired, Acquiring},
 };
+use crate::gate::OwnAnswer;
 use crate::{
     future::{Decide, Machine, Next},
     options::OnStoreError,

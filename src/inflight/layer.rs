@@ -8,11 +8,11 @@ use tower_layer::Layer;
 
 use super::{
     answer::{InFlightReplies, WORDING},
-    common::CommonOptions,
     memory::MemoryInFlight,
     service::{InFlightLimit, Shared},
     store::Limits,
 };
+use crate::gate::CommonOptions;
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},

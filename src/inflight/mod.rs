@@ -146,7 +146,6 @@
 
 mod answer;
 mod body;
-pub(crate) mod common;
 mod future;
 mod layer;
 mod memory;

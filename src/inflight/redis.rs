@@ -16,7 +16,7 @@ use ::redis::Script;
 use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
 
 use super::store::{
-    sealed::Backend, Acquiring, Attempt, InFlightStore, Limits, Outcome, Permit, Release,
+    sealed::Backend, Acquired, Acquiring, Attempt, InFlightStore, Limits, Permit, Release,
 };
 use crate::{
     error::{ConfigError, StoreError},
@@ -304,37 +304,37 @@ impl Leases {
         format!("{}:{n:x}", self.instance).into_bytes().into()
     }
 
-    async fn acquire(self: Arc<Self>, key: Arc<[u8]>, limits: Limits) -> Outcome {
+    async fn acquire(self: Arc<Self>, key: Arc<[u8]>, limits: Limits) -> Acquired {
         if let Ok(h) = Handle::try_current() {
             self.runtime.get_or_init(|| h);
         }
         if limits.max == 0 {
-            return Outcome::Full;
+            return Acquired::Full;
         }
         match self.try_once(&key, limits.max).await {
             Ok(Some(admitted)) => return admitted,
             Ok(None) => {}
-            Err(e) => return Outcome::Failed(e),
+            Err(e) => return Acquired::Failed(e),
         }
         if limits.queue == 0 || limits.max_wait.is_zero() {
-            return Outcome::Full;
+            return Acquired::Full;
         }
         let Some(_place) = Place::take(&self, &key, limits.queue) else {
-            return Outcome::Full;
+            return Acquired::Full;
         };
         let until = Instant::now() + limits.max_wait;
         let mut backoff = BACKOFF.0;
         loop {
             let now = Instant::now();
             if now >= until {
-                return Outcome::Full;
+                return Acquired::Full;
             }
             tokio::time::sleep(backoff.min(until - now)).await;
             backoff = (backoff * 2).min(BACKOFF.1);
             match self.try_once(&key, limits.max).await {
                 Ok(Some(admitted)) => return admitted,
                 Ok(None) => {}
-                Err(e) => return Outcome::Failed(e),
+                Err(e) => return Acquired::Failed(e),
             }
         }
     }
@@ -344,7 +344,7 @@ impl Leases {
         self: &Arc<Self>,
         key: &Arc<[u8]>,
         max: u32,
-    ) -> Result<Option<Outcome>, StoreError> {
+    ) -> Result<Option<Acquired>, StoreError> {
         let id = self.next_id();
         // Until Redis answers, the lease may or may not exist: if this future is dropped
         // or the call fails, it is removed in the background.
@@ -375,7 +375,7 @@ impl Leases {
     }
 
     /// Records a lease taken, and makes sure a task renews it.
-    fn hold(self: &Arc<Self>, key: &Arc<[u8]>, id: Box<[u8]>, remaining: u32) -> Outcome {
+    fn hold(self: &Arc<Self>, key: &Arc<[u8]>, id: Box<[u8]>, remaining: u32) -> Acquired {
         let lease = Lease {
             key: Arc::clone(key),
             id,
@@ -399,7 +399,7 @@ impl Leases {
         }
         drop(held);
         let owner: Arc<dyn Release> = self.clone();
-        Outcome::Admitted {
+        Acquired::Admitted {
             permit: Permit::new(owner, slot),
             remaining,
         }

@@ -14,10 +14,10 @@ use tower_service::Service;
 use super::{
     answer::{settle, InFlightReplies},
     body::InFlightBody,
-    common::{Common, Decided},
     future::{ResponseFuture, Waiting},
     store::{Attempt, InFlightStore, Limits},
 };
+use crate::gate::{Common, Decided};
 use crate::key::KeyExtractor;
 
 /// What every service of one layer shares.

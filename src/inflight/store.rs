@@ -93,10 +93,6 @@ pub enum Acquired {
     Failed(StoreError),
 }
 
-// The old name of `Acquired`, for `redis.rs` until it says `Acquired`.
-#[cfg(feature = "redis")]
-pub(crate) use Acquired as Outcome;
-
 /// A pending attempt: a request waiting in a key's queue, or a network store's call.
 /// Boxed: only queued requests and network stores take this path.
 pub struct Acquiring(Pin<Box<dyn Future<Output = Acquired> + Send>>);
