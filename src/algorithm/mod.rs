@@ -1,54 +1,7 @@
-//! The decision functions: pure, with time passed in.
-//!
-//! A [`Limit`] is a [`Quota`] under an [`Algorithm`]; a [`Policy`](crate::Policy) is one
-//! to four limits that must all admit a request (then all are charged, otherwise
-//! none). State is a few `u64` words per limit
-//! ([`Policy::state_words`](crate::Policy::state_words)); all zeros is a fresh key. Nothing here reads a clock, so every decision is reproducible.
-//!
-//! | algorithm | admits | state |
-//! |---|---|---|
-//! | [`Algorithm::TokenBucket`] (GCRA) | bursts up to the quota's burst, then the rate | 1 word |
-//! | [`Algorithm::LeakyMeter`] | the rate, evenly spaced: no banked burst | 1 word |
-//! | [`Algorithm::LeakyQueue`] | the rate; excess waits for its slot up to `queue` slots | 1 word |
-//! | [`Algorithm::FixedWindow`] | `limit` per aligned window (up to 2x around an edge) | 2 words |
-//! | [`Algorithm::SlidingWindow`] | `limit` per window, previous window weighted | 3 words |
-//!
-//! ```
-//! use std::time::Duration;
-//! use tollgate::{decision::Outcome, Limit, Policy, Quota};
-//!
-//! // 10 per second with a burst of 20, and 10 000 per day.
-//! let policy = Policy::new(Limit::token_bucket(Quota::per_second(10)?.with_burst(20)?)?)
-//!     .and(Limit::token_bucket(Quota::per_day(10_000)?)?)?;
-//! let mut state = vec![0u64; policy.state_words()];
-//! let t0 = 1_000_000_000; // time in ns
-//! for _ in 0..20 {
-//!     assert!(policy.decide(&mut state, t0, 1).is_allowed());
-//! }
-//! let refused = policy.decide(&mut state, t0, 1);
-//! assert_eq!(refused.outcome(), Outcome::Denied { retry_after: Duration::from_millis(100) });
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
-//!
-//! # What each algorithm does to a burst
-//!
-//! Measured, not drawn: the two scenarios of the founding article on token and leaky
-//! buckets, replayed through these functions (the in-memory store under a manual clock)
-//! by the `simulate` example, which also prints the tables and replays your own traffic
-//! (`cargo run --example simulate -- showcase` regenerates these charts). An admitted
-//! request is counted when it passes downstream: at once, or after a queue's wait.
-//!
-//! After 5 s idle, 200 requests in 100 ms against 100/s: the token bucket (burst 200)
-//! passes all 200 at once; the strict meter passes 10 (one per 10 ms) and refuses 190
-//! with `Retry-After: 1`; the queue of 200 admits all 200 and releases them at 100/s, the
-//! last after 1.89 s.
-//!
+#![doc = include_str!("../docs/algorithms.md")]
+#![doc = ""]
 #![doc = include_str!("../../docs/charts/idle-then-burst.svg")]
-//!
-//! At 300 per second for 2 s: the token bucket admits 399 (its burst of 200 at 300/s,
-//! then the rate), the meter 200 (the rate), the queue 400 (the rate plus the 200 it
-//! holds, each delayed up to 2 s); all refusals carry `Retry-After: 1`.
-//!
+#![doc = ""]
 #![doc = include_str!("../../docs/charts/sustained-overload.svg")]
 
 mod div;

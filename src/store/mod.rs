@@ -1,20 +1,4 @@
-//! Where per-key state lives: the [`Store`] trait and the built-in [`MemoryStore`].
-//!
-//! A store answers "may this key spend `cost` now, under this [`Policy`]?". The
-//! in-memory store answers synchronously (its [`StoreFuture`] is ready at once and never
-//! allocates); a network store (Redis, feature `redis`) answers asynchronously behind the
-//! same named future type.
-//!
-//! ```
-//! use tollgate::{store::MemoryStore, Limit, Policy, Quota};
-//!
-//! let store = MemoryStore::new(Policy::new(Limit::token_bucket(Quota::per_second(2)?)?));
-//! assert!(store.check(&"alice", 1).is_allowed());
-//! assert!(store.check(&"alice", 1).is_allowed());
-//! assert!(!store.check(&"alice", 1).is_allowed());
-//! assert!(store.check(&"bob", 1).is_allowed()); // keys are independent
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
+#![doc = include_str!("../docs/stores.md")]
 
 mod key_bytes;
 pub(crate) mod map;
