@@ -261,7 +261,9 @@ fn threaded(mode: Mode, keys: u32) -> (Batch, Batch) {
 /// The clocks alone: tollgate's default clock (tokio's) against governor's default clock
 /// (the TSC, through quanta).
 fn clocks() -> (Batch, Batch) {
-    let ours = tollgate::clock::TokioClock::new();
+    let ours =
+        *MemoryStore::<u32>::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap())
+            .clock();
     let theirs = governor::clock::DefaultClock::default();
     (
         Box::new(move |n| {
@@ -302,7 +304,9 @@ fn clocks_between_misses() -> (Batch, Batch) {
     }
     let cells: Arc<[AtomicU64]> = (0..CELLS).map(|_| AtomicU64::new(0)).collect();
     let theirs_cells = Arc::clone(&cells);
-    let ours = tollgate::clock::TokioClock::new();
+    let ours =
+        *MemoryStore::<u32>::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap())
+            .clock();
     let theirs = governor::clock::DefaultClock::default();
     let t0 = theirs.now();
     let (mut a, mut b) = (0, 0);

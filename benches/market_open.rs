@@ -13,7 +13,7 @@
 //! Modes: every decision a Redis call, failing open past an 8 ms deadline (the story's
 //! setup); the same falling back to a local limiter at 1/N of each quota (tollgate's
 //! advice); both again with the concurrent calls of a connection batched into one script
-//! call (`RedisStoreBuilder::batching`, the default); and local-first, deciding in memory
+//! call (`.batching(..)`, the default); and local-first, deciding in memory
 //! and reconciling every 200 ms (the story's fix). Reported: the limiter's latency per request (both checks), Redis commands per
 //! second, and the admitted rate during the peak against the global limit.
 //! `MARKET_STEADY`, `MARKET_PEAK`, `MARKET_INSTANCES` and `MARKET_MODES` (a comma-separated

@@ -6,7 +6,8 @@
 //! built, and from then on advances with a monotonic source, so a system clock jump later
 //! on cannot grant or deny anything.
 //!
-//! - [`TokioClock`], the default of every store: follows `tokio::time::Instant`, so
+//! - The default of every store (`TokioClock`, used without naming it): follows
+//!   `tokio::time::Instant`, so
 //!   `#[tokio::test(start_paused = true)]` and `tokio::time::advance` drive the limiter and
 //!   the delay queue's timers together (outside a runtime it reads the OS monotonic clock).
 //! - [`ManualClock`]: moved by hand, for tests and simulations that reproduce decisions
@@ -85,35 +86,43 @@ impl Clock for ManualClock {
     }
 }
 
-/// Follows `tokio::time::Instant`, including paused and advanced test time, from the Unix
-/// time read when it was built. Outside a runtime it reads the OS monotonic clock. The
-/// default clock of every store. See the [module docs](self).
-#[derive(Clone, Copy, Debug)]
-pub struct TokioClock {
-    start: tokio::time::Instant,
-    unix_at_start: u64,
-}
+pub(crate) use self::tokio_clock::TokioClock;
 
-impl TokioClock {
-    /// A clock reading the wall clock now, then advancing with tokio's clock.
-    pub fn new() -> Self {
-        TokioClock {
-            start: tokio::time::Instant::now(),
-            unix_at_start: unix_now(),
+/// The default clock, in a module of its own: stores use it when given no other, and no
+/// user needs to name it.
+mod tokio_clock {
+    use super::{unix_now, Clock};
+
+    /// Follows `tokio::time::Instant`, including paused and advanced test time, from the Unix
+    /// time read when it was built. Outside a runtime it reads the OS monotonic clock. The
+    /// default clock of every store. See the [module docs](super).
+    #[derive(Clone, Copy, Debug)]
+    pub struct TokioClock {
+        start: tokio::time::Instant,
+        unix_at_start: u64,
+    }
+
+    impl TokioClock {
+        /// A clock reading the wall clock now, then advancing with tokio's clock.
+        pub fn new() -> Self {
+            TokioClock {
+                start: tokio::time::Instant::now(),
+                unix_at_start: unix_now(),
+            }
         }
     }
-}
 
-impl Default for TokioClock {
-    fn default() -> Self {
-        Self::new()
+    impl Default for TokioClock {
+        fn default() -> Self {
+            Self::new()
+        }
     }
-}
 
-impl Clock for TokioClock {
-    #[inline]
-    fn now(&self) -> u64 {
-        self.unix_at_start + self.start.elapsed().as_nanos() as u64
+    impl Clock for TokioClock {
+        #[inline]
+        fn now(&self) -> u64 {
+            self.unix_at_start + self.start.elapsed().as_nanos() as u64
+        }
     }
 }
 

@@ -176,66 +176,81 @@ impl Error for StoreError {
     }
 }
 
-/// The refusal of the generic middleware: boxed into `tower::BoxError`; downcast it to
-/// read when to retry. See [`crate::generic`].
+/// A refusal of the generic middleware, boxed into `tower::BoxError`: downcast it to read
+/// why, and when to retry. See [`crate::generic`].
+///
+/// The request was rate limited ([`RateLimited::retry_after`] says when it would be
+/// admitted), its key is on the deny list ([`RateLimited::is_denied`]), or it carried no
+/// key under `MissingKey::Reject` ([`RateLimited::is_key_missing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimited {
-    decision: crate::decision::Decision,
+    why: Why,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    Limited(crate::decision::Decision),
+    Denied,
+    KeyMissing,
 }
 
 impl RateLimited {
     pub(crate) fn new(decision: crate::decision::Decision) -> Self {
-        RateLimited { decision }
+        RateLimited {
+            why: Why::Limited(decision),
+        }
+    }
+
+    pub(crate) fn denied() -> Self {
+        RateLimited { why: Why::Denied }
+    }
+
+    pub(crate) fn key_missing() -> Self {
+        RateLimited {
+            why: Why::KeyMissing,
+        }
     }
 
     /// The exact time until the request would be admitted; `None` when its cost can never
-    /// be admitted.
+    /// be admitted, or when it was not refused by a limit (denied, or without a key).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.decision.retry_after()
+        self.decision().and_then(|d| d.retry_after())
     }
 
-    /// The full decision: the limits that refused, remaining units, reset times.
-    pub fn decision(&self) -> &crate::decision::Decision {
-        &self.decision
+    /// The full decision (the limits that refused, remaining units, reset times), when a
+    /// limit refused.
+    pub fn decision(&self) -> Option<&crate::decision::Decision> {
+        match &self.why {
+            Why::Limited(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Whether the request's key is on the layer's deny list.
+    pub fn is_denied(&self) -> bool {
+        self.why == Why::Denied
+    }
+
+    /// Whether the request carried no key (`MissingKey::Reject`).
+    pub fn is_key_missing(&self) -> bool {
+        self.why == Why::KeyMissing
     }
 }
 
 impl fmt::Display for RateLimited {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.retry_after() {
-            Some(d) => write!(f, "rate limited; retry after {d:?}"),
-            None => f.write_str("rate limited; the request's cost exceeds the limit"),
+        match self.why {
+            Why::Denied => f.write_str("the request's key is denied"),
+            Why::KeyMissing => f.write_str("no rate-limit key could be extracted from the request"),
+            Why::Limited(_) => match self.retry_after() {
+                Some(d) => write!(f, "rate limited; retry after {d:?}"),
+                None => f.write_str("rate limited; the request's cost exceeds the limit"),
+            },
         }
     }
 }
 
 impl Error for RateLimited {}
-
-/// The generic middleware refused a request that carried no key
-/// (`MissingKey::Reject`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KeyMissing;
-
-impl fmt::Display for KeyMissing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no rate-limit key could be extracted from the request")
-    }
-}
-
-impl Error for KeyMissing {}
-
-/// The generic middleware refused a request whose key is on its deny list
-/// ([`generic::Builder::deny_keys`](crate::generic::Builder::deny_keys)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Denied;
-
-impl fmt::Display for Denied {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the request's key is denied")
-    }
-}
-
-impl Error for Denied {}
 
 #[cfg(test)]
 mod tests {

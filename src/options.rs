@@ -24,7 +24,8 @@ pub enum MissingKey {
     #[default]
     Shared,
     /// Refuse keyless requests: with this status (e.g. `400`) and a problem body on HTTP,
-    /// with [`KeyMissing`](crate::error::KeyMissing) on the generic layer. A `401` must
+    /// with a [`RateLimited`](crate::generic::RateLimited) error on the generic layer
+    /// (`is_key_missing()`). A `401` must
     /// carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
     /// scheme (see the `authenticated_user` example).
     Reject(StatusCode),

@@ -25,8 +25,8 @@ use http::{HeaderMap, Request};
 use tollgate::{
     clock::ManualClock,
     cost::cost_fn,
-    error::Denied,
     generic,
+    generic::RateLimited,
     key::MissingKey,
     key::{
         key_fn, ClientIp, HeaderBytes, HeaderKey, JsonField, JsonFieldKey, JsonFieldLayer, PeerIp,
@@ -260,10 +260,34 @@ async fn the_generic_layer_denies_and_allows_keys() {
     for _ in 0..3 {
         assert!(svc.ready().await.unwrap().call(1).await.is_ok());
         let e = svc.ready().await.unwrap().call(7).await.unwrap_err();
-        assert!(e.downcast_ref::<Denied>().is_some(), "{e}");
+        assert!(
+            e.downcast_ref::<RateLimited>()
+                .is_some_and(RateLimited::is_denied),
+            "{e}"
+        );
     }
     assert!(svc.ready().await.unwrap().call(2).await.is_ok());
-    assert!(svc.ready().await.unwrap().call(2).await.is_err());
+    let limited = svc.ready().await.unwrap().call(2).await.unwrap_err();
+    let limited = limited.downcast_ref::<RateLimited>().unwrap();
+    assert!(!limited.is_denied() && limited.retry_after().is_some());
+}
+
+#[tokio::test]
+async fn the_generic_layer_refuses_keyless_requests_with_a_typed_error() {
+    let layer = generic::RateLimitLayer::builder()
+        .key(key_fn(|n: &u32| (*n > 0).then_some(*n)))
+        .policy("1/hour")
+        .on_missing_key(MissingKey::Reject(StatusCode::BAD_REQUEST))
+        .build::<u32>()
+        .unwrap();
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_: u32| async { Ok::<_, tower::BoxError>("done") });
+    let e = svc.ready().await.unwrap().call(0).await.unwrap_err();
+    let refused = e.downcast_ref::<RateLimited>().expect("a typed refusal");
+    assert!(refused.is_key_missing() && !refused.is_denied());
+    assert_eq!(refused.retry_after(), None);
+    assert!(svc.ready().await.unwrap().call(3).await.is_ok());
 }
 
 /// `POST /login` as the demo has it: the password `correct horse` answers 200, any other

@@ -25,9 +25,10 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::{sync::Semaphore, time::Instant};
 use tollgate::{
-    inflight::{InFlightBody, MemoryInFlight},
+    inflight::MemoryInFlight,
     key::MissingKey,
     key::{Global, HeaderKey},
+    response::RateLimitBody,
     InFlightLimitLayer, Limit, Quota, RateLimitLayer,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -94,7 +95,7 @@ fn header<B>(r: &Response<B>, name: &str) -> Vec<String> {
         .collect()
 }
 
-async fn body_text(r: Response<InFlightBody<Body>>) -> String {
+async fn body_text(r: Response<RateLimitBody<Body>>) -> String {
     let bytes = r.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
@@ -183,8 +184,8 @@ impl http_body::Body for Frames {
 
 fn frames_service(
     layer: InFlightLimitLayer<Global, MemoryInFlight<()>>,
-) -> impl Service<Req, Response = Response<InFlightBody<Frames>>, Error = Infallible, Future: Send> + Clone
-{
+) -> impl Service<Req, Response = Response<RateLimitBody<Frames>>, Error = Infallible, Future: Send>
+       + Clone {
     ServiceBuilder::new()
         .layer(layer)
         .service_fn(|_: Req| async {
@@ -436,9 +437,9 @@ async fn requests_without_a_key_follow_missing_key() {
 }
 
 /// `n` keyless requests through `svc`, their responses held.
-async fn futures_all<S>(svc: &S, n: usize) -> Vec<Response<InFlightBody<Body>>>
+async fn futures_all<S>(svc: &S, n: usize) -> Vec<Response<RateLimitBody<Body>>>
 where
-    S: Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible> + Clone,
+    S: Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible> + Clone,
 {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -594,7 +595,7 @@ mod on_redis {
 
     fn service(
         layer: Layer,
-    ) -> impl Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible, Future: Send>
+    ) -> impl Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible, Future: Send>
            + Clone {
         ServiceBuilder::new()
             .layer(layer)
@@ -705,9 +706,9 @@ mod on_redis {
         });
     }
 
-    async fn futures_keyed<S>(svc: &S, key: &str, n: usize) -> Vec<Response<InFlightBody<Body>>>
+    async fn futures_keyed<S>(svc: &S, key: &str, n: usize) -> Vec<Response<RateLimitBody<Body>>>
     where
-        S: Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible> + Clone,
+        S: Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible> + Clone,
     {
         let mut out = Vec::new();
         for _ in 0..n {

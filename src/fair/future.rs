@@ -57,7 +57,7 @@ type FairMachine<S, B> =
     Machine<S, Request<B>, <S as Service<Request<B>>>::Future, OwnAnswer, Reported, Deciding>;
 
 pin_project! {
-    /// The response future of [`FairLimit`](super::FairLimit). No allocation when the
+    /// The response future of the fair-sharing layer's service. No allocation when the
     /// decision is made at once (the in-memory store).
     pub struct ResponseFuture<S, B>
     where

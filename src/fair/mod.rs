@@ -13,7 +13,6 @@ mod store;
 pub use layer::{FairLimitBuilder, FairLimitLayer};
 pub use memory::MemoryFair;
 #[cfg(feature = "redis")]
-pub use redis::{RedisFair, RedisFairBuilder};
-pub use service::FairLimit;
+pub use redis::RedisFair;
 pub use share::Share;
 pub use store::FairStore;

@@ -16,7 +16,7 @@ use crate::{
     clock::Clock,
     error::{ConfigError, StoreError},
     redis::{
-        common_setters, key_prefix, push_sha1_hex, Breaker, BreakerState, Common, RedisConnection,
+        key_prefix, push_sha1_hex, Breaker, BreakerState, OwnClock, RedisBuilder, RedisConnection,
     },
     store::{KeyBytes, StoreFuture},
 };
@@ -27,16 +27,15 @@ static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("red
 /// runs in its own.
 const OVERRIDE_SLACK_MS: u64 = 3_600_000;
 
-/// Builds a [`RedisFair`]. Made by [`RedisFair::builder`].
+/// A [`RedisFair`]'s own settings (none beyond what every Redis store has), in a
+/// [`RedisBuilder`] made by [`RedisFair::builder`].
 #[derive(Clone, Debug)]
-#[must_use]
-pub struct RedisFairBuilder {
-    common: Common,
-}
+pub struct ForRedisFair;
 
-common_setters!(RedisFairBuilder, clock);
+impl OwnClock for ForRedisFair {}
 
-impl RedisFairBuilder {
+/// A [`RedisFair`]'s own setter.
+impl RedisBuilder<ForRedisFair> {
     /// Builds the store on `connection`. Refuses a bad namespace and a zero deadline.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisFair, ConfigError> {
         let common = self.common;
@@ -86,10 +85,8 @@ impl fmt::Debug for RedisFair {
 impl RedisFair {
     /// A builder: namespace `tollgate`, deadline 20 ms, breaker open after 3 failures
     /// for 500 ms, the server's clock.
-    pub fn builder() -> RedisFairBuilder {
-        RedisFairBuilder {
-            common: Common::default(),
-        }
+    pub fn builder() -> RedisBuilder<ForRedisFair> {
+        RedisBuilder::new(ForRedisFair)
     }
 
     /// The circuit breaker's state now.

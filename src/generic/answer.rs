@@ -4,7 +4,7 @@
 use http::StatusCode;
 
 use crate::{
-    error::{BoxError, Denied, KeyMissing, RateLimited, StoreError},
+    error::{BoxError, RateLimited, StoreError},
     limiter::{Flavour, Prepare, Screen, Settlement, Verdict},
     policy::{choose::Chooser, Policy, PolicySet},
 };
@@ -36,11 +36,11 @@ impl<Req> Flavour<Req> for Generic {
     }
 
     fn keyless(&self, _: &Req, _: StatusCode) -> BoxError {
-        Box::new(KeyMissing)
+        Box::new(RateLimited::key_missing())
     }
 
     fn denied(&self, _: &Req) -> BoxError {
-        Box::new(Denied)
+        Box::new(RateLimited::denied())
     }
 
     #[inline]

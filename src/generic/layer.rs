@@ -121,7 +121,8 @@ impl<X, C> Builder<X, C, Generic> {
         self
     }
 
-    /// Refuses these keys with [`Denied`](crate::error::Denied). See
+    /// Refuses these keys with a [`RateLimited`](crate::generic::RateLimited) error whose
+    /// `is_denied()` is true. See
     /// [`allow_keys`](Builder::allow_keys).
     pub fn deny_keys<K, I>(mut self, keys: I) -> Self
     where

@@ -17,13 +17,13 @@ use tower_service::Service;
 
 use super::{
     answer::{settle, InFlightReplies, Slot},
-    body::InFlightBody,
     store::{Acquired, Acquiring},
 };
 use crate::gate::OwnAnswer;
 use crate::{
     future::{Decide, Machine, Next},
     options::OnStoreError,
+    response::RateLimitBody,
 };
 
 /// A request waiting for its slot (in a queue, or for a network store).
@@ -49,7 +49,7 @@ type InFlightMachine<S, B> =
     Machine<S, Request<B>, <S as Service<Request<B>>>::Future, OwnAnswer, Slot, Waiting>;
 
 pin_project! {
-    /// The response future of [`InFlightLimit`](super::InFlightLimit). No allocation when
+    /// The response future of the in-flight layer's service. No allocation when
     /// the decision is made at once (the in-memory store, a slot free or the queue full).
     pub struct ResponseFuture<S, B>
     where
@@ -75,7 +75,7 @@ impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
+    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -85,9 +85,9 @@ where
                 // An error drops the slot here.
                 let mut response = result?;
                 let permit = slot.map(|slot| slot.apply(response.headers_mut()));
-                Ok(response.map(|body| InFlightBody::inner(body, permit)))
+                Ok(response.map(|body| RateLimitBody::holding(body, permit)))
             },
-            |response| Ok((*response).map(InFlightBody::full)),
+            |response| Ok((*response).map(RateLimitBody::full)),
         )
     }
 }

@@ -1,7 +1,6 @@
 #![doc = include_str!("../docs/inflight.md")]
 
 mod answer;
-mod body;
 mod future;
 mod layer;
 mod memory;
@@ -10,10 +9,8 @@ mod redis;
 mod service;
 mod store;
 
-pub use body::InFlightBody;
 pub use layer::{InFlightLimitBuilder, InFlightLimitLayer};
 pub use memory::MemoryInFlight;
 #[cfg(feature = "redis")]
-pub use redis::{RedisInFlight, RedisInFlightBuilder};
-pub use service::InFlightLimit;
+pub use redis::RedisInFlight;
 pub use store::InFlightStore;

@@ -22,7 +22,7 @@ use crate::{
     error::{ConfigError, StoreError},
     observe::outage,
     observe::OncePerSecond,
-    redis::{common_setters, within, Breaker, BreakerState, Common, KeyNames, RedisConnection},
+    redis::{within, Breaker, BreakerState, KeyNames, RedisBuilder, RedisConnection},
     store::KeyBytes,
 };
 
@@ -88,23 +88,20 @@ static COUNT: LazyLock<Script> = LazyLock::new(|| Script::new(COUNT_LUA));
 /// The first and the longest pause between two tries of a queued request.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(100));
 
-/// Builds a [`RedisInFlight`]; made by [`RedisInFlight::builder`]. See the
-/// [module docs](super).
+/// A [`RedisInFlight`]'s own settings, in a [`RedisBuilder`] made by
+/// [`RedisInFlight::builder`]. See the [module docs](super).
 #[derive(Clone, Debug)]
-#[must_use]
-pub struct RedisInFlightBuilder {
-    common: Common,
+pub struct ForRedisInFlight {
     ttl: Duration,
 }
 
-common_setters!(RedisInFlightBuilder);
-
-impl RedisInFlightBuilder {
+/// A [`RedisInFlight`]'s own setters.
+impl RedisBuilder<ForRedisInFlight> {
     /// How long a lease lives unless renewed (default 30 s); held leases are renewed every
     /// third of it. An instance that dies holding leases has them back in Redis within
     /// this time. Whole milliseconds, at least 30 ms.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.own.ttl = ttl;
         self
     }
 
@@ -116,14 +113,16 @@ impl RedisInFlightBuilder {
     ) -> Result<RedisInFlight, ConfigError> {
         let common = &self.common;
         common.check_namespace()?;
-        if self.ttl < Duration::from_millis(30) || self.ttl > Duration::from_secs(366 * 86_400) {
+        if self.own.ttl < Duration::from_millis(30)
+            || self.own.ttl > Duration::from_secs(366 * 86_400)
+        {
             return Err(ConfigError::Store(format!(
                 "the lease TTL must be between 30 ms and a year; it is {:?}",
-                self.ttl
+                self.own.ttl
             )));
         }
         common.check_deadline()?;
-        let ttl_ms = self.ttl.as_millis() as u64;
+        let ttl_ms = self.own.ttl.as_millis() as u64;
         Ok(RedisInFlight {
             leases: Arc::new(Leases {
                 conn: connection.into(),
@@ -169,11 +168,10 @@ impl fmt::Debug for RedisInFlight {
 impl RedisInFlight {
     /// Starts a builder: namespace `tollgate`, lease TTL 30 s, deadline 20 ms, breaker
     /// open after 3 failures for 500 ms.
-    pub fn builder() -> RedisInFlightBuilder {
-        RedisInFlightBuilder {
-            common: Common::default(),
+    pub fn builder() -> RedisBuilder<ForRedisInFlight> {
+        RedisBuilder::new(ForRedisInFlight {
             ttl: Duration::from_secs(30),
-        }
+        })
     }
 
     /// A store with the defaults of [`RedisInFlight::builder`].

@@ -10,7 +10,7 @@ use crate::{
 };
 
 /// The settings every Redis-backed store shares: a builder's field `common`, set by the
-/// setters [`common_setters!`] writes.
+/// setters of [`RedisBuilder`].
 #[derive(Clone)]
 pub(crate) struct Common {
     pub(crate) namespace: String,
@@ -70,58 +70,68 @@ impl Common {
     }
 }
 
-/// Writes the setters every Redis-backed store's builder shares on `$builder`, whose field
-/// `common` is a [`Common`]: `namespace`, `deadline` and `breaker`, and with `clock` the
-/// clock override (for a store that can decide on a clock of its own).
-macro_rules! common_setters {
-    ($builder:ty, clock) => {
-        $crate::redis::common_setters!($builder);
-
-        impl $builder {
-            /// Decides on `clock` instead of the Redis server's `TIME`, and runs the
-            /// circuit breaker's cooldown (and a [`RedisStore`](crate::store::RedisStore)'s
-            /// negative cache) on it too; by default they follow tokio's clock. For tests
-            /// and simulations under a [`ManualClock`](crate::clock::ManualClock): every
-            /// instance must then share the clock, and state gets extra TTL (60 s; a
-            /// fair-share pool's an hour) since Redis expires keys in real time. In
-            /// production keep the server's clock, so that instances with drifting clocks
-            /// agree.
-            pub fn clock(mut self, clock: impl $crate::clock::Clock) -> Self {
-                self.common.clock = Some(::std::sync::Arc::new(clock));
-                self
-            }
-        }
-    };
-    ($builder:ty) => {
-        impl $builder {
-            /// The first part of every key (default `tollgate`). Printable ASCII, no spaces
-            /// or braces. Instances and layers share state when they share a namespace and
-            /// a key (a fair-share pool: a label).
-            pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-                self.common.namespace = namespace.into();
-                self
-            }
-
-            /// The most one Redis call, and so a decision, may wait for Redis (default
-            /// 20 ms). A call that misses it counts as a failure, which the store's failure
-            /// policy (a [`RedisStore`](crate::store::RedisStore)) or the layer's
-            /// `OnStoreError` (in-flight and fair-share stores) answers.
-            pub fn deadline(mut self, deadline: ::std::time::Duration) -> Self {
-                self.common.deadline = deadline;
-                self
-            }
-
-            /// The circuit breaker opens after `failures` consecutive failed or timed-out
-            /// calls (default 3) and stays open for `cooldown` (default 500 ms, on the
-            /// store's clock): meanwhile no call goes out and requests get the failure
-            /// answer at once instead of each waiting out the deadline. Then one probe
-            /// call goes through and closes it again on success. (An in-flight store gives
-            /// leases back whatever its state.)
-            pub fn breaker(mut self, failures: u32, cooldown: ::std::time::Duration) -> Self {
-                self.common.breaker = (failures, cooldown);
-                self
-            }
-        }
-    };
+/// Builds a store shared through Redis: [`RedisStore::builder`](crate::store::RedisStore::builder)
+/// (which also builds a [`LocalFirstStore`](crate::store::LocalFirstStore)),
+/// [`RedisInFlight::builder`](crate::inflight::RedisInFlight::builder) and
+/// [`RedisFair::builder`](crate::fair::RedisFair::builder). The setters every Redis store
+/// has come first; each store's own follow in a block of their own (`S` is that store's
+/// settings). Setters take and return the builder; `build` reports what is wrong.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RedisBuilder<S> {
+    pub(crate) common: Common,
+    pub(crate) own: S,
 }
-pub(crate) use common_setters;
+
+/// The stores that can decide on a clock of their own instead of the server's.
+pub trait OwnClock {}
+
+impl<S> RedisBuilder<S> {
+    pub(crate) fn new(own: S) -> Self {
+        RedisBuilder {
+            common: Common::default(),
+            own,
+        }
+    }
+
+    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
+    /// braces. Instances and layers share state when they share a namespace and a key (a
+    /// fair-share pool: a label).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.common.namespace = namespace.into();
+        self
+    }
+
+    /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A
+    /// call that misses it counts as a failure, which the store's failure policy (a
+    /// [`RedisStore`](crate::store::RedisStore)) or the layer's `OnStoreError` (in-flight
+    /// and fair-share stores) answers.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.common.deadline = deadline;
+        self
+    }
+
+    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+    /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
+    /// meanwhile no call goes out and requests get the failure answer at once instead of
+    /// each waiting out the deadline. Then one probe call goes through and closes it again
+    /// on success. (An in-flight store gives leases back whatever its state.)
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.common.breaker = (failures, cooldown);
+        self
+    }
+}
+
+impl<S: OwnClock> RedisBuilder<S> {
+    /// Decides on `clock` instead of the Redis server's `TIME`, and runs the circuit
+    /// breaker's cooldown (and a [`RedisStore`](crate::store::RedisStore)'s negative cache)
+    /// on it too; by default they follow tokio's clock. For tests and simulations under a
+    /// [`ManualClock`](crate::clock::ManualClock): every instance must then share the
+    /// clock, and state gets extra TTL (60 s; a fair-share pool's an hour) since Redis
+    /// expires keys in real time. In production keep the server's clock, so that instances
+    /// with drifting clocks agree.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.common.clock = Some(Arc::new(clock));
+        self
+    }
+}

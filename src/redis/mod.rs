@@ -13,7 +13,9 @@ mod script;
 
 pub(crate) use breaker::Breaker;
 pub use breaker::BreakerState;
-pub(crate) use builder::{common_setters, Common};
+pub(crate) use builder::Common;
+pub(crate) use builder::OwnClock;
+pub use builder::RedisBuilder;
 pub(crate) use connection::Conn;
 pub use connection::RedisConnection;
 pub(crate) use deadline::within;

@@ -17,7 +17,7 @@ use std::{
 
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    BreakerState, FailurePolicy, LocalFirstStore, RedisConnection, RedisStore, RedisStoreBuilder,
+    BreakerState, FailurePolicy, LocalFirstStore, RedisBuilder, RedisConnection, RedisStore,
 };
 pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;

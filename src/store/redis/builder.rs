@@ -1,4 +1,4 @@
-//! [`RedisStoreBuilder`]: the settings of a [`RedisStore`] or a [`LocalFirstStore`], and
+//! [`ForRedisStore`]: the settings of a [`RedisStore`] or a [`LocalFirstStore`], and
 //! their construction.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use crate::{
     error::ConfigError,
     observe::StoreMetrics,
     policy::Policy,
-    redis::{common_setters, Common, KeyNames, RedisConnection},
+    redis::{KeyNames, OwnClock, RedisBuilder, RedisConnection},
     store::{MemoryStore, DEFAULT_MAX_BYTES},
 };
 
@@ -21,12 +21,10 @@ use crate::{
 /// holding every limit's state.
 pub(super) const KEYS: &str = "v3";
 
-/// Builds a [`RedisStore`] or a [`LocalFirstStore`](super::LocalFirstStore); made by
-/// [`RedisStore::builder`]. See the [module docs](super).
+/// A [`RedisStore`]'s own settings (and a [`LocalFirstStore`](super::LocalFirstStore)'s),
+/// in a [`RedisBuilder`] made by [`RedisStore::builder`]. See the [module docs](super).
 #[derive(Clone, Debug)]
-#[must_use]
-pub struct RedisStoreBuilder {
-    pub(super) common: Common,
+pub struct ForRedisStore {
     pub(super) policy: Policy,
     failure: FailurePolicy,
     negative_cache: usize,
@@ -35,20 +33,19 @@ pub struct RedisStoreBuilder {
     batching: bool,
 }
 
-common_setters!(RedisStoreBuilder, clock);
+impl OwnClock for ForRedisStore {}
 
 impl RedisStore {
     /// Starts building a store for `policy`.
-    pub fn builder(policy: impl Into<Policy>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            common: Common::default(),
+    pub fn builder(policy: impl Into<Policy>) -> RedisBuilder<ForRedisStore> {
+        RedisBuilder::new(ForRedisStore {
             policy: policy.into(),
             failure: FailurePolicy::default(),
             negative_cache: 10_000,
             readable_keys: false,
             max_bytes: DEFAULT_MAX_BYTES,
             batching: true,
-        }
+        })
     }
 
     /// A store with the default settings on `connection`.
@@ -60,18 +57,19 @@ impl RedisStore {
     }
 }
 
-impl RedisStoreBuilder {
+/// A [`RedisStore`]'s own setters.
+impl RedisBuilder<ForRedisStore> {
     /// What to decide when Redis fails (default
     /// [`FailurePolicy::LocalFallback`] with `share` 1.0).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure = policy;
+        self.own.failure = policy;
         self
     }
 
     /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
     /// off.
     pub fn negative_cache(mut self, max_keys: usize) -> Self {
-        self.negative_cache = max_keys;
+        self.own.negative_cache = max_keys;
         self
     }
 
@@ -79,7 +77,7 @@ impl RedisStoreBuilder {
     /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
     /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
     pub fn readable_keys(mut self, readable: bool) -> Self {
-        self.readable_keys = readable;
+        self.own.readable_keys = readable;
         self
     }
 
@@ -98,7 +96,7 @@ impl RedisStoreBuilder {
     /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
     /// does not batch. See the [module docs](super).
     pub fn batching(mut self, on: bool) -> Self {
-        self.batching = on;
+        self.own.batching = on;
         self
     }
 
@@ -106,14 +104,14 @@ impl RedisStoreBuilder {
     /// fallback limiter of a [`RedisStore`], the local state of a
     /// [`LocalFirstStore`](super::LocalFirstStore).
     pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.max_bytes = bytes;
+        self.own.max_bytes = bytes;
         self
     }
 
     /// Refuses a bad namespace and a policy the scripts cannot decide exactly.
     pub(super) fn check_common(&self) -> Result<(), ConfigError> {
         self.common.check_namespace()?;
-        script::limit_args(&self.policy).map(|_| ())
+        script::limit_args(&self.own.policy).map(|_| ())
     }
 
     /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
@@ -124,11 +122,11 @@ impl RedisStoreBuilder {
         self.common.check_deadline()?;
         let common = &self.common;
         let clock = common.clock();
-        let fallback = match self.failure {
+        let fallback = match self.own.failure {
             FailurePolicy::LocalFallback { share } => Some((
-                MemoryStore::new(scaled_policy(&self.policy, share)?)
+                MemoryStore::new(scaled_policy(&self.own.policy, share)?)
                     .with_clock(clock.clone())
-                    .with_max_bytes(self.max_bytes)?
+                    .with_max_bytes(self.own.max_bytes)?
                     .with_label(&format!("{}-fallback", common.namespace)),
                 share,
             )),
@@ -139,18 +137,18 @@ impl RedisStoreBuilder {
             inner: Arc::new(Shared {
                 batcher: conn.attached(),
                 conn,
-                names: KeyNames::new(&common.namespace, KEYS, self.readable_keys),
-                policy: self.policy,
+                names: KeyNames::new(&common.namespace, KEYS, self.own.readable_keys),
+                policy: self.own.policy,
                 metrics: StoreMetrics::new(&common.namespace),
                 deadline: common.deadline,
                 breaker: common.breaker(clock.clone()),
-                failure: self.failure,
+                failure: self.own.failure,
                 fallback,
-                negative: (self.negative_cache > 0)
-                    .then(|| NegativeCache::new(self.negative_cache)),
+                negative: (self.own.negative_cache > 0)
+                    .then(|| NegativeCache::new(self.own.negative_cache)),
                 overrides: common.clock.is_some(),
                 clock,
-                batching: self.batching,
+                batching: self.own.batching,
             }),
         })
     }

@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::{
-    builder::{RedisStoreBuilder, KEYS},
+    builder::{ForRedisStore, KEYS},
     local_state::{force_charge, Shared},
     local_sync::run,
     script::{self, Mode},
@@ -17,7 +17,7 @@ use crate::{
     decision::Decision,
     error::{ConfigError, StoreError},
     policy::Policy,
-    redis::{KeyNames, RedisConnection},
+    redis::{KeyNames, RedisBuilder, RedisConnection},
     store::{CheckFuture, KeyBytes, Store, StoreFuture},
 };
 
@@ -42,7 +42,7 @@ use crate::{
 /// **Redis down.** Each instance keeps limiting with its own state (at most the full
 /// quota per instance); pending units are pushed once Redis answers again.
 ///
-/// **Memory.** The local state is bounded in bytes ([`RedisStoreBuilder::max_bytes`],
+/// **Memory.** The local state is bounded in bytes ([`max_bytes`](RedisBuilder::max_bytes),
 /// default 32 MiB). At the budget, keys that are fresh, unused since the last round and
 /// fully pushed go first; then those with the fewest units not yet pushed, whose units
 /// are never shared (they widen the overshoot bound by that much) and are counted in
@@ -70,7 +70,7 @@ impl LocalFirstStore {
     /// A local-first store for `policy` reconciling through `connection` every `interval`
     /// (clamped to at least 10 ms), with the defaults of [`RedisStore::builder`]
     /// (namespace `tollgate`; the keys are the [`RedisStore`]'s, so both kinds of store
-    /// share state). [`RedisStoreBuilder::build_local_first`] sets the rest.
+    /// share state). [`build_local_first`](RedisBuilder::build_local_first) sets the rest.
     pub fn new(
         policy: impl Into<Policy>,
         connection: impl Into<RedisConnection>,
@@ -181,7 +181,7 @@ impl LocalFirstStore {
     }
 }
 
-impl RedisStoreBuilder {
+impl RedisBuilder<ForRedisStore> {
     /// Builds a [`LocalFirstStore`] on `connection`, reconciling every `interval` (clamped
     /// to at least 10 ms). The namespace, the key names, the clock and the memory budget
     /// are this builder's; the deadline, breaker, failure policy and negative cache do not
@@ -194,10 +194,10 @@ impl RedisStoreBuilder {
         self.check_common()?;
         let shared = Shared::new(
             connection.into(),
-            KeyNames::new(&self.common.namespace, KEYS, self.readable_keys),
-            self.policy,
+            KeyNames::new(&self.common.namespace, KEYS, self.own.readable_keys),
+            self.own.policy,
             interval.max(Duration::from_millis(10)),
-            self.max_bytes,
+            self.own.max_bytes,
             &self.common,
         )?;
         Ok(LocalFirstStore {

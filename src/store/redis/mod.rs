@@ -10,8 +10,8 @@ mod negative;
 mod script;
 mod store;
 
+pub use crate::redis::RedisBuilder;
 pub use crate::redis::{BreakerState, RedisConnection};
-pub use builder::RedisStoreBuilder;
 pub use failure::FailurePolicy;
 pub use local_first::LocalFirstStore;
 pub use store::RedisStore;

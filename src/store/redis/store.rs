@@ -235,7 +235,7 @@ impl RedisStore {
 
     /// The Redis key holding `key`'s state, under every policy: `{namespace}:v3:{{#sha1}}`
     /// where `sha1` is the SHA-1 of the key's [`KeyBytes`] in hex. With
-    /// [`RedisStoreBuilder::readable_keys`](super::RedisStoreBuilder::readable_keys), the
+    /// [`readable_keys`](super::RedisBuilder::readable_keys), the
     /// material is the key's bytes themselves when they are at most 64 printable ASCII
     /// bytes (without `{`, `}`, `#`, space).
     pub fn redis_key<K: KeyBytes + ?Sized>(&self, key: &K) -> Vec<u8> {
