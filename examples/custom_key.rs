@@ -15,7 +15,6 @@ use std::net::SocketAddr;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use tollgate::{
-    cost::cost_fn,
     key::MissingKey,
     key::{key_fn, KeyExtractor},
     Quota, RateLimitLayer,
@@ -46,7 +45,7 @@ fn app() -> Result<Router, Box<dyn std::error::Error>> {
     };
     let by_path = RateLimitLayer::builder()
         .key(TenantFromPath)
-        .cost(cost_fn(search_costs_5))
+        .cost(search_costs_5)
         .token_bucket(Quota::per_minute(10)?)
         .build()?;
     let org_project = key_fn(|req: &Request<Body>| {
@@ -55,7 +54,7 @@ fn app() -> Result<Router, Box<dyn std::error::Error>> {
     });
     let by_headers = RateLimitLayer::builder()
         .key(org_project)
-        .cost(cost_fn(search_costs_5))
+        .cost(search_costs_5)
         .token_bucket(Quota::per_minute(10)?)
         .on_missing_key(MissingKey::Reject(StatusCode::BAD_REQUEST))
         .build_for::<Request<Body>>()?;

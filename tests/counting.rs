@@ -24,7 +24,6 @@ use axum::{
 use http::{HeaderMap, Request};
 use tollgate::{
     clock::ManualClock,
-    cost::cost_fn,
     generic,
     generic::RateLimited,
     key::MissingKey,
@@ -512,7 +511,7 @@ async fn settled_costs_charge_or_refund_the_difference() {
     let layer = RateLimitLayer::builder()
         .key(HeaderKey::new("x-api-key").unwrap())
         .policy("100/hour")
-        .cost(cost_fn(|_: &Request<Body>| 10))
+        .cost(|_: &Request<Body>| 10)
         .settle_cost(|res| res.header_u64("x-used"))
         .build_with(store)
         .unwrap();

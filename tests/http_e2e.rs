@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use axum::{routing::get, Extension, Router};
 use support::{client, get as fetch, serve};
 use tollgate::{
-    cost::cost_fn, cost::Cost, key::KeyExtractor, key::MissingKey, key::PeerIp, store::Store,
-    Decision, Limit, Quota, RateLimitLayer,
+    cost::Cost, key::KeyExtractor, key::MissingKey, key::PeerIp, store::Store, Decision, Limit,
+    Quota, RateLimitLayer,
 };
 
 fn per_ip() -> tollgate::ratelimit::Builder<PeerIp, tollgate::cost::UnitCost> {
@@ -283,12 +283,12 @@ async fn router_layer_and_route_layer_work() {
 async fn cost_that_never_fits_is_refused_without_retry_after() {
     let layer = per_ip()
         .token_bucket(Quota::per_second(5).unwrap())
-        .cost(cost_fn(|req: &http::Request<axum::body::Body>| {
+        .cost(|req: &http::Request<axum::body::Body>| {
             req.headers()
                 .get("x-cost")
                 .and_then(|v| v.to_str().ok()?.parse().ok())
                 .unwrap_or(1)
-        }))
+        })
         .build()
         .unwrap();
     let (c, url) = hello(layer).await;

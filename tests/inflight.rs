@@ -25,10 +25,9 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::{sync::Semaphore, time::Instant};
 use tollgate::{
-    inflight::MemoryInFlight,
+    inflight::{InFlightBody, MemoryInFlight},
     key::MissingKey,
     key::{Global, HeaderKey},
-    response::RateLimitBody,
     InFlightLimitLayer, Limit, Quota, RateLimitLayer,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -95,7 +94,7 @@ fn header<B>(r: &Response<B>, name: &str) -> Vec<String> {
         .collect()
 }
 
-async fn body_text(r: Response<RateLimitBody<Body>>) -> String {
+async fn body_text(r: Response<InFlightBody<Body>>) -> String {
     let bytes = r.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
@@ -184,8 +183,8 @@ impl http_body::Body for Frames {
 
 fn frames_service(
     layer: InFlightLimitLayer<Global, MemoryInFlight<()>>,
-) -> impl Service<Req, Response = Response<RateLimitBody<Frames>>, Error = Infallible, Future: Send>
-       + Clone {
+) -> impl Service<Req, Response = Response<InFlightBody<Frames>>, Error = Infallible, Future: Send> + Clone
+{
     ServiceBuilder::new()
         .layer(layer)
         .service_fn(|_: Req| async {
@@ -437,9 +436,9 @@ async fn requests_without_a_key_follow_missing_key() {
 }
 
 /// `n` keyless requests through `svc`, their responses held.
-async fn futures_all<S>(svc: &S, n: usize) -> Vec<Response<RateLimitBody<Body>>>
+async fn futures_all<S>(svc: &S, n: usize) -> Vec<Response<InFlightBody<Body>>>
 where
-    S: Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible> + Clone,
+    S: Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible> + Clone,
 {
     let mut out = Vec::new();
     for _ in 0..n {
@@ -595,7 +594,7 @@ mod on_redis {
 
     fn service(
         layer: Layer,
-    ) -> impl Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible, Future: Send>
+    ) -> impl Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible, Future: Send>
            + Clone {
         ServiceBuilder::new()
             .layer(layer)
@@ -706,9 +705,9 @@ mod on_redis {
         });
     }
 
-    async fn futures_keyed<S>(svc: &S, key: &str, n: usize) -> Vec<Response<RateLimitBody<Body>>>
+    async fn futures_keyed<S>(svc: &S, key: &str, n: usize) -> Vec<Response<InFlightBody<Body>>>
     where
-        S: Service<Req, Response = Response<RateLimitBody<Body>>, Error = Infallible> + Clone,
+        S: Service<Req, Response = Response<InFlightBody<Body>>, Error = Infallible> + Clone,
     {
         let mut out = Vec::new();
         for _ in 0..n {

@@ -17,13 +17,13 @@ use tower_service::Service;
 
 use super::{
     answer::{settle, InFlightReplies, Slot},
+    body::InFlightBody,
     store::{Acquired, Acquiring},
 };
 use crate::gate::OwnAnswer;
 use crate::{
     future::{Decide, Machine, Next},
     options::OnStoreError,
-    response::RateLimitBody,
 };
 
 /// A request waiting for its slot (in a queue, or for a network store).
@@ -75,7 +75,7 @@ impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -85,9 +85,9 @@ where
                 // An error drops the slot here.
                 let mut response = result?;
                 let permit = slot.map(|slot| slot.apply(response.headers_mut()));
-                Ok(response.map(|body| RateLimitBody::holding(body, permit)))
+                Ok(response.map(|body| InFlightBody::inner(body, permit)))
             },
-            |response| Ok((*response).map(RateLimitBody::full)),
+            |response| Ok((*response).map(InFlightBody::full)),
         )
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../docs/inflight.md")]
 
 mod answer;
+mod body;
 mod future;
 mod layer;
 mod memory;
@@ -9,6 +10,7 @@ mod redis;
 mod service;
 mod store;
 
+pub use body::InFlightBody;
 pub use layer::{InFlightLimitBuilder, InFlightLimitLayer};
 pub use memory::MemoryInFlight;
 #[cfg(feature = "redis")]

@@ -13,12 +13,12 @@ use tower_service::Service;
 
 use super::{
     answer::{settle, InFlightReplies},
+    body::InFlightBody,
     future::{ResponseFuture, Waiting},
     store::{Attempt, InFlightStore, Limits},
 };
 use crate::gate::{Common, Decided};
 use crate::key::KeyExtractor;
-use crate::response::RateLimitBody;
 
 /// What every service of one layer shares.
 pub(crate) struct Shared<X, St> {
@@ -64,7 +64,7 @@ where
     St: InFlightStore<X::Key>,
     ResBody: Body<Data = Bytes>,
 {
-    type Response = Response<RateLimitBody<ResBody>>;
+    type Response = Response<InFlightBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, B>;
 

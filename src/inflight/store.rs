@@ -51,7 +51,36 @@ pub struct Limits {
     pub(crate) max_wait: Duration,
 }
 
-pub(crate) use crate::response::{Permit, Release};
+/// Gives a slot back when dropped.
+pub(crate) trait Release: Send + Sync + 'static {
+    fn release(&self, slot: u64);
+}
+
+/// A slot held by one request, from its admission until its response body ends or is
+/// dropped: dropping the permit gives the slot back. No allocation: a shared pointer to
+/// the store's state and the slot's index in it.
+pub struct Permit {
+    owner: Arc<dyn Release>,
+    slot: u64,
+}
+
+impl Permit {
+    pub(crate) fn new(owner: Arc<dyn Release>, slot: u64) -> Self {
+        Permit { owner, slot }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.owner.release(self.slot);
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit").field("slot", &self.slot).finish()
+    }
+}
 
 /// What an attempt to take a slot came to: a slot, or none (and why).
 #[derive(Debug)]

@@ -60,7 +60,7 @@ impl<X, C, F> Builder<X, C, F> {
         }
     }
 
-    /// What a request costs (default: 1 unit). See [`cost_fn`](crate::cost::cost_fn).
+    /// What a request costs (default: 1 unit). See [a closure](crate::cost::Cost).
     pub fn cost<C2>(self, cost: C2) -> Builder<X, C2, F> {
         Builder {
             key: self.key,

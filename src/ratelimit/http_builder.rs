@@ -309,13 +309,13 @@ impl<X, C> Builder<X, C, Http> {
     /// keeps the estimate. Replaces [`Builder::count_when`](crate::ratelimit::Builder::count_when).
     ///
     /// ```
-    /// use tollgate::{cost::cost_fn, key::HeaderKey, RateLimitLayer};
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
     ///
     /// // 100 000 tokens per minute per API key: reserve 500, settle what was used.
     /// let tokens = RateLimitLayer::builder()
     ///     .key(HeaderKey::new("x-api-key")?)
     ///     .policy("100000/min")
-    ///     .cost(cost_fn(|_: &http::Request<axum::body::Body>| 500))
+    ///     .cost(|_: &http::Request<axum::body::Body>| 500)
     ///     .settle_cost(|res| res.header_u64("x-tokens-used"))
     ///     .build()?;
     /// # Ok::<(), tollgate::ConfigError>(())

@@ -8,7 +8,6 @@ mod settle;
 mod values;
 
 pub use body::RateLimitBody;
-pub(crate) use body::{Permit, Release};
 #[cfg(feature = "json")]
 pub(crate) use format::plain;
 pub use format::refusal;
