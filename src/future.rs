@@ -113,7 +113,9 @@ pub(crate) trait Decide<Req, O, H> {
 }
 
 /// The rate limits' decision to come: the store's check, and what its answer means.
-pub(crate) struct Check<Req, O, H> {
+// Public only as a parameter of the unnameable response future; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Check<Req, O, H> {
     check: CheckFuture,
     then: Continuation<Req, O, H>,
 }
@@ -444,5 +446,26 @@ impl<S, Req, F, O, H, D> fmt::Debug for Machine<S, Req, F, O, H, D> {
             Machine::Done => "Done",
         };
         f.write_str(state)
+    }
+}
+
+pin_project! {
+    /// A layer's response future: the state machine, its output made by the layer (each
+    /// layer's `future.rs` implements `Future` for its own kind of answers). No allocation
+    /// when the decision is made at once.
+    pub struct ResponseFuture<S, Req, O, H, D = Check<Req, O, H>>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        pub(crate) machine: Machine<S, Req, S::Future, O, H, D>,
+    }
+}
+
+impl<S: Service<Req>, Req, O, H, D> fmt::Debug for ResponseFuture<S, Req, O, H, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ResponseFuture")
+            .field(&self.machine)
+            .finish()
     }
 }

@@ -16,6 +16,7 @@ mod gate;
 mod limiter;
 mod observe;
 mod options;
+mod service;
 
 pub mod algorithm;
 pub mod clock;

@@ -141,7 +141,9 @@ fn policy_value(label: &str, share: &Share) -> HeaderValue {
 }
 
 /// What an admitted request's response reports: its share and the decision.
-pub(crate) struct Reported {
+// Public only as a parameter of the unnameable response future; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Reported {
     replies: Arc<FairReplies>,
     share: Share,
     decision: FairDecision,

@@ -3,7 +3,6 @@
 //! becomes (the inner response with the fields added, or the layer's own refusal).
 
 use std::{
-    fmt,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -11,7 +10,6 @@ use std::{
 };
 
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{
@@ -20,7 +18,8 @@ use super::{
 };
 use crate::{
     error::StoreError,
-    future::{Decide, Machine, Next},
+    future::ResponseFuture,
+    future::{Decide, Next},
     gate::OwnAnswer,
     options::OnStoreError,
     response::RateLimitBody,
@@ -28,7 +27,9 @@ use crate::{
 };
 
 /// A decision coming from a network store.
-pub(crate) struct Deciding {
+// Public only as a parameter of the unnameable response future; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Deciding {
     pub(crate) deciding: StoreFuture<FairDecision>,
     pub(crate) replies: Arc<FairReplies>,
     pub(crate) share: Share,
@@ -53,33 +54,7 @@ impl<B> Decide<Request<B>, OwnAnswer, Reported> for Deciding {
     }
 }
 
-type FairMachine<S, B> =
-    Machine<S, Request<B>, <S as Service<Request<B>>>::Future, OwnAnswer, Reported, Deciding>;
-
-pin_project! {
-    /// The response future of the fair-sharing layer's service. No allocation when the
-    /// decision is made at once (the in-memory store).
-    pub struct ResponseFuture<S, B>
-    where
-        S: Service<Request<B>>,
-    {
-        #[pin]
-        pub(super) machine: FairMachine<S, B>,
-    }
-}
-
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
-where
-    S: Service<Request<B>>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("fair::ResponseFuture")
-            .field(&self.machine)
-            .finish()
-    }
-}
-
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, OwnAnswer, Reported, Deciding>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {

@@ -9,9 +9,10 @@ use tower_layer::Layer;
 use super::{
     answer::{FairReplies, WORDING},
     memory::MemoryFair,
-    service::{FairLimit, Shared, Shares},
+    service::{Shared, Shares},
     share::{Pool, Share},
 };
+use crate::service::Limited;
 use crate::{
     error::ConfigError,
     gate::CommonOptions,
@@ -64,13 +65,10 @@ impl FairLimitLayer {
 }
 
 impl<S, X, St> Layer<S> for FairLimitLayer<X, St> {
-    type Service = FairLimit<S, X, St>;
+    type Service = Limited<S, Shared<X, St>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        FairLimit {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
+        Limited::new(inner, &self.shared)
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`FairLimit`]: the service made by [`FairLimitLayer`](super::FairLimitLayer).
+//! The service made by [`FairLimitLayer`](super::FairLimitLayer).
 
 use std::{
     fmt,
@@ -12,11 +12,14 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{
-    answer::{settle, FairReplies},
-    future::{Deciding, ResponseFuture},
+    answer::{settle, FairReplies, Reported},
+    future::Deciding,
     share::{Pool, Share},
     store::FairStore,
 };
+use crate::future::ResponseFuture;
+use crate::gate::OwnAnswer;
+use crate::service::Limited;
 use crate::{
     gate::{Common, Decided},
     key::{KeyExtractor, RequestHead},
@@ -31,13 +34,21 @@ pub(crate) enum Shares {
 }
 
 /// What every service of one layer shares.
-pub(crate) struct Shared<X, St> {
+pub struct Shared<X, St> {
     pub(crate) common: Common<X>,
     pub(crate) store: St,
     pub(crate) pool: Pool,
     pub(crate) pool_quota: Quota,
     pub(crate) shares: Shares,
     pub(crate) replies: Arc<FairReplies>,
+}
+
+impl<X, St> fmt::Debug for Shared<X, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("label", &self.common.label)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<X, St> Shared<X, St> {
@@ -49,35 +60,7 @@ impl<X, St> Shared<X, St> {
     }
 }
 
-/// The fair-sharing service. Made by [`FairLimitLayer`](super::FairLimitLayer); see the
-/// [module docs](super).
-///
-/// It keeps the inner service's error type and answers refusals with a response, so an
-/// axum `Router` stays infallible. `poll_ready` only forwards to the inner service.
-pub struct FairLimit<S, X, St> {
-    pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<X, St>>,
-}
-
-impl<S: Clone, X, St> Clone for FairLimit<S, X, St> {
-    fn clone(&self) -> Self {
-        FairLimit {
-            inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<S: fmt::Debug, X, St> fmt::Debug for FairLimit<S, X, St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FairLimit")
-            .field("inner", &self.inner)
-            .field("label", &self.shared.common.label)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, X, St, B, ResBody> Service<Request<B>> for FairLimit<S, X, St>
+impl<S, X, St, B, ResBody> Service<Request<B>> for Limited<S, Shared<X, St>>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     X: KeyExtractor<Request<B>>,
@@ -86,7 +69,7 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = ResponseFuture<S, Request<B>, OwnAnswer, Reported, Deciding>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

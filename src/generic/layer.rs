@@ -5,10 +5,7 @@ use std::{fmt, sync::Arc};
 
 use tower_layer::Layer;
 
-use super::{
-    answer::{Generic, RequestSelect},
-    service::RateLimit,
-};
+use super::answer::{Generic, RequestSelect};
 use crate::{
     cost::UnitCost,
     error::ConfigError,
@@ -17,6 +14,7 @@ use crate::{
     options::KeyList,
     policy::{choose::Chooser, PolicyHandle, PolicyName, PolicySet},
     ratelimit::Builder,
+    service::Limited,
     store::{MemoryStore, Store, StoreFuture},
 };
 
@@ -42,13 +40,10 @@ impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
 }
 
 impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
-    type Service = RateLimit<S, X, St, C>;
+    type Service = Limited<S, Limiter<X, St, C, Generic>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit {
-            inner,
-            limiter: Arc::clone(&self.limiter),
-        }
+        Limited::new(inner, &self.limiter)
     }
 }
 

@@ -1,43 +1,26 @@
-//! The generic [`RateLimit`] service.
+//! The generic rate-limit service: the shared [`Limited`] service on the generic
+//! flavour of the limiter.
 
 use std::{
-    fmt,
     hash::Hash,
-    sync::Arc,
     task::{Context, Poll},
 };
 
 use tower_service::Service;
 
-use super::{answer::Generic, future::ResponseFuture};
+use super::answer::Generic;
 use crate::{
-    cost::Cost, error::BoxError, future::Machine, key::KeyExtractor, limiter::Limiter, store::Store,
+    cost::Cost,
+    error::BoxError,
+    future::{Machine, ResponseFuture},
+    key::KeyExtractor,
+    limiter::Limiter,
+    service::Limited,
+    store::Store,
 };
 
-/// The generic rate-limit service. See the [module docs](super).
-pub struct RateLimit<S, X, St, C> {
-    pub(crate) inner: S,
-    pub(crate) limiter: Arc<Limiter<X, St, C, Generic>>,
-}
-
-impl<S: Clone, X, St, C> Clone for RateLimit<S, X, St, C> {
-    fn clone(&self) -> Self {
-        RateLimit {
-            inner: self.inner.clone(),
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<S: fmt::Debug, X, St, C> fmt::Debug for RateLimit<S, X, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("generic::RateLimit")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, X, St, C, Req> Service<Req> for RateLimit<S, X, St, C>
+/// The generic rate-limit service: a refusal is an error.
+impl<S, X, St, C, Req> Service<Req> for Limited<S, Limiter<X, St, C, Generic>>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
@@ -49,7 +32,7 @@ where
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Req>;
+    type Future = ResponseFuture<S, Req, BoxError, ()>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
@@ -57,7 +40,7 @@ where
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let begin = self.limiter.begin(&mut req);
+        let begin = self.shared.begin(&mut req);
         Machine::start(begin, &mut self.inner, req, |machine| ResponseFuture {
             machine,
         })

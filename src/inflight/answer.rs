@@ -146,7 +146,9 @@ impl InFlightReplies {
 }
 
 /// What an admitted request carries to its response: its slot, and what its fields say.
-pub(crate) struct Slot {
+// Public only as a parameter of the unnameable response future; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Slot {
     permit: Permit,
     replies: Arc<InFlightReplies>,
     remaining: u32,

@@ -4,7 +4,6 @@
 //! by its body, or the layer's own refusal).
 
 use std::{
-    fmt,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -12,7 +11,6 @@ use std::{
 };
 
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{
@@ -22,12 +20,15 @@ use super::{
 };
 use crate::gate::OwnAnswer;
 use crate::{
-    future::{Decide, Machine, Next},
+    future::ResponseFuture,
+    future::{Decide, Next},
     options::OnStoreError,
 };
 
 /// A request waiting for its slot (in a queue, or for a network store).
-pub(crate) struct Waiting {
+// Public only as a parameter of the unnameable response future; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Waiting {
     pub(crate) acquiring: Acquiring,
     pub(crate) replies: Arc<InFlightReplies>,
     pub(crate) on_error: OnStoreError,
@@ -45,33 +46,7 @@ impl<B> Decide<Request<B>, OwnAnswer, Slot> for Waiting {
     }
 }
 
-type InFlightMachine<S, B> =
-    Machine<S, Request<B>, <S as Service<Request<B>>>::Future, OwnAnswer, Slot, Waiting>;
-
-pin_project! {
-    /// The response future of the in-flight layer's service. No allocation when
-    /// the decision is made at once (the in-memory store, a slot free or the queue full).
-    pub struct ResponseFuture<S, B>
-    where
-        S: Service<Request<B>>,
-    {
-        #[pin]
-        pub(super) machine: InFlightMachine<S, B>,
-    }
-}
-
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
-where
-    S: Service<Request<B>>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("inflight::ResponseFuture")
-            .field(&self.machine)
-            .finish()
-    }
-}
-
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, OwnAnswer, Slot, Waiting>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {

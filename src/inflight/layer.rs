@@ -9,10 +9,11 @@ use tower_layer::Layer;
 use super::{
     answer::{InFlightReplies, WORDING},
     memory::MemoryInFlight,
-    service::{InFlightLimit, Shared},
+    service::Shared,
     store::Limits,
 };
 use crate::gate::CommonOptions;
+use crate::service::Limited;
 use crate::{
     error::ConfigError,
     key::{Global, KeyExtractor},
@@ -95,13 +96,10 @@ impl<X, St> InFlightLimitLayer<X, St> {
 }
 
 impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
-    type Service = InFlightLimit<S, X, St>;
+    type Service = Limited<S, Shared<X, St>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        InFlightLimit {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
+        Limited::new(inner, &self.shared)
     }
 }
 

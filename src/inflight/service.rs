@@ -1,4 +1,4 @@
-//! [`InFlightLimit`]: the service made by [`InFlightLimitLayer`](super::InFlightLimitLayer).
+//! The service made by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 
 use std::{
     fmt,
@@ -12,52 +12,33 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{
-    answer::{settle, InFlightReplies},
+    answer::{settle, InFlightReplies, Slot},
     body::InFlightBody,
-    future::{ResponseFuture, Waiting},
+    future::Waiting,
     store::{Attempt, InFlightStore, Limits},
 };
-use crate::gate::{Common, Decided};
+use crate::future::ResponseFuture;
+use crate::gate::{Common, Decided, OwnAnswer};
 use crate::key::KeyExtractor;
+use crate::service::Limited;
 
 /// What every service of one layer shares.
-pub(crate) struct Shared<X, St> {
+pub struct Shared<X, St> {
     pub(crate) common: Common<X>,
     pub(crate) store: St,
     pub(crate) limits: Limits,
     pub(crate) replies: Arc<InFlightReplies>,
 }
 
-/// The in-flight limit service. Made by [`InFlightLimitLayer`](super::InFlightLimitLayer);
-/// see the [module docs](super).
-///
-/// It keeps the inner service's error type and answers refusals with a response, so an
-/// axum `Router` stays infallible. `poll_ready` only forwards to the inner service; a slot
-/// is taken in `call`.
-pub struct InFlightLimit<S, X, St> {
-    pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<X, St>>,
-}
-
-impl<S: Clone, X, St> Clone for InFlightLimit<S, X, St> {
-    fn clone(&self) -> Self {
-        InFlightLimit {
-            inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<S: fmt::Debug, X, St> fmt::Debug for InFlightLimit<S, X, St> {
+impl<X, St> fmt::Debug for Shared<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlightLimit")
-            .field("inner", &self.inner)
-            .field("max_in_flight", &self.shared.limits.max)
+        f.debug_struct("Shared")
+            .field("label", &self.common.label)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, X, St, B, ResBody> Service<Request<B>> for InFlightLimit<S, X, St>
+impl<S, X, St, B, ResBody> Service<Request<B>> for Limited<S, Shared<X, St>>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     X: KeyExtractor<Request<B>>,
@@ -66,7 +47,7 @@ where
 {
     type Response = Response<InFlightBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, B>;
+    type Future = ResponseFuture<S, Request<B>, OwnAnswer, Slot, Waiting>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

@@ -12,7 +12,7 @@ use crate::{
 
 /// What a layer prepares for each policy when a set is installed (the HTTP layer's
 /// formatted header values), so that no request formats them.
-pub(crate) trait Prepare: Send + Sync + 'static {
+pub trait Prepare: Send + Sync + 'static {
     type Prepared: Send + Sync + 'static;
 
     fn prepare(&self, name: Option<&str>, policy: &Policy) -> Self::Prepared;

@@ -48,7 +48,7 @@ pub(crate) struct Installed<P> {
 }
 
 /// The core of a layer. See the [module docs](self).
-pub(crate) struct Limiter<X, St, C, F: Prepare> {
+pub struct Limiter<X, St, C, F: Prepare> {
     pub(crate) key: X,
     pub(crate) store: St,
     pub(crate) cost: C,

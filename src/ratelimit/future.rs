@@ -2,7 +2,6 @@
 //! (the inner response with the fields added, or the layer's own refusal).
 
 use std::{
-    fmt,
     future::Future,
     pin::Pin,
     task::{Context, Poll},
@@ -10,45 +9,14 @@ use std::{
 
 use bytes::Bytes;
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::{
-    future::Machine,
+    future::ResponseFuture,
     response::{RateLimitBody, ResponseHead, ResponseHeaders},
 };
 
-type HttpMachine<S, B> = Machine<
-    S,
-    Request<B>,
-    <S as Service<Request<B>>>::Future,
-    Box<Response<Bytes>>,
-    ResponseHeaders,
->;
-
-pin_project! {
-    /// The response future of [`RateLimit`](super::service::RateLimit). No allocation on the in-memory path.
-    pub struct ResponseFuture<S, B>
-    where
-        S: Service<Request<B>>,
-    {
-        #[pin]
-        pub(super) machine: HttpMachine<S, B>,
-    }
-}
-
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
-where
-    S: Service<Request<B>>,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ResponseFuture")
-            .field(&self.machine)
-            .finish()
-    }
-}
-
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, Box<Response<Bytes>>, ResponseHeaders>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {

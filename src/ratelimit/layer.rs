@@ -6,12 +6,13 @@ use std::{fmt, sync::Arc};
 use http::Request;
 use tower_layer::Layer;
 
-use super::{answer::Http, builder::Builder, service::RateLimit};
+use super::{answer::Http, builder::Builder};
 use crate::{
     cost::UnitCost,
     key::{Global, KeyExtractor},
     limiter::Limiter,
     policy::{PolicyHandle, PolicySet},
+    service::Limited,
     store::{MemoryStore, Store, StoreFuture},
 };
 
@@ -125,12 +126,9 @@ impl RateLimitLayer {
 }
 
 impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
-    type Service = RateLimit<S, X, St, C>;
+    type Service = Limited<S, Limiter<X, St, C, Http>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit {
-            inner,
-            limiter: Arc::clone(&self.limiter),
-        }
+        Limited::new(inner, &self.limiter)
     }
 }

@@ -79,7 +79,7 @@ impl Default for Answers {
 /// One policy's header values and bodies, formatted once when the policy is installed.
 /// Values that depend on which limits a key is shadowed from are kept per subset of the
 /// policy's limits (bit `i`: limit `i`), at most 16.
-pub(crate) struct Fields {
+pub struct Fields {
     /// `RateLimit-Policy` for each subset of limits enforced for a key.
     policy_values: Vec<HeaderValue>,
     /// `"name";r=` of each limit.
@@ -103,7 +103,7 @@ impl fmt::Debug for Fields {
 /// Headers to add to an admitted response, formatted in `call`. Kept small: it travels
 /// inside every response future.
 #[derive(Debug, Default)]
-pub(crate) struct ResponseHeaders {
+pub struct ResponseHeaders {
     rate_limit: Option<HeaderValue>,
     policy: Option<HeaderValue>,
     legacy: Option<Box<[HeaderValue; 3]>>,
