@@ -30,8 +30,8 @@ pub(crate) struct Verdict<'a, P> {
 /// How a layer answers: what a refusal is (a response, an error) and what an admitted
 /// request carries to its response.
 pub(crate) trait Flavour<Req>: Prepare {
-    type Refusal;
-    type Extra;
+    type Refusal: 'static;
+    type Extra: 'static;
 
     fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
     /// What an admitted request carries to its response (none: the response goes out as

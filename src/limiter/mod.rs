@@ -211,19 +211,29 @@ where
     }
 }
 
-impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
+/// What a key must be to be kept by a store and carried into a later decision.
+pub(crate) trait StoredKey: Hash + Clone + Send + Sync + 'static {}
+
+impl<K: Hash + Clone + Send + Sync + 'static> StoredKey for K {}
+
+// The request's way: every method below may move the limiter (an `Arc` of it) into a
+// continuation or a settlement, so the key extractor and the cost are shared by threads.
+impl<X, St, C, F> Limiter<X, St, C, F>
+where
+    X: Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    F: Prepare,
+{
     /// Extracts the key, picks the policy, weighs the request and asks the store.
     #[inline]
     pub(crate) fn begin<Req, K>(self: &Arc<Self>, req: &mut Req) -> Begin<Req, F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K> + Send + Sync + 'static,
-        K: Hash + Clone + Send + Sync + 'static,
+        X: KeyExtractor<Req, Key = K>,
+        K: StoredKey,
         St: Store<Option<K>>,
-        C: Cost<Req> + Send + Sync + 'static,
+        C: Cost<Req>,
         Req: 'static,
-        F::Refusal: 'static,
-        F::Extra: 'static,
     {
         let swapped;
         let installed = if self.swapped.load(Ordering::Acquire) {
@@ -270,7 +280,8 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         }
     }
 
-    /// [`Limiter::begin`] for a layer whose selector picks the policy.
+    /// [`Limiter::begin`] for a layer whose selector picks the policy: out of line, so
+    /// that the common path stays small.
     #[inline(never)]
     fn decide_selected<Req, K>(
         self: &Arc<Self>,
@@ -281,13 +292,11 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     ) -> Begin<Req, F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K> + Send + Sync + 'static,
-        K: Hash + Clone + Send + Sync + 'static,
+        X: KeyExtractor<Req, Key = K>,
+        K: StoredKey,
         St: Store<Option<K>>,
-        C: Cost<Req> + Send + Sync + 'static,
+        C: Cost<Req>,
         Req: 'static,
-        F::Refusal: 'static,
-        F::Extra: 'static,
     {
         let index = self
             .flavour
@@ -306,13 +315,11 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     ) -> Begin<Req, F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K> + Send + Sync + 'static,
-        K: Hash + Clone + Send + Sync + 'static,
+        X: KeyExtractor<Req, Key = K>,
+        K: StoredKey,
         St: Store<Option<K>>,
-        C: Cost<Req> + Send + Sync + 'static,
+        C: Cost<Req>,
         Req: 'static,
-        F::Refusal: 'static,
-        F::Extra: 'static,
     {
         // Resolved for the key once: a partial rollout's limits, enforced or in shadow.
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
@@ -325,7 +332,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         };
         // Read in place: a decision is a few cache lines, and moving it out costs a copy.
         if let Some(d) = &self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.conclude(req, &at, key, d));
+            return Begin::Now(self.respond(req, &at, key, d, false));
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {
@@ -385,13 +392,11 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
     ) -> Next<F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
-        K: Hash + Clone + Send + Sync + 'static,
+        K: StoredKey,
         St: Store<Option<K>>,
-        X: Send + Sync + 'static,
-        C: Send + Sync + 'static,
     {
         let e = match result {
-            Ok(d) => return self.conclude(req, at, key, &d),
+            Ok(d) => return self.respond(req, at, key, &d, false),
             Err(e) => e,
         };
         let name = at.installed.set.entry(at.index).name.as_deref();
@@ -404,39 +409,15 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
                 };
                 let d = Decision::without_state(open, Source::FailOpen, at.policy.limits().len());
                 // Observed above, as the store failure it is.
-                self.respond(req, at, key, &d)
+                self.respond(req, at, key, &d, true)
             }
             OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
         }
     }
 
-    /// From a decision to the next step: what is observed of it, then the answer.
-    #[inline]
-    fn conclude<Req, K>(
-        self: &Arc<Self>,
-        req: &mut Req,
-        at: &At<'_, F::Prepared>,
-        key: Option<K>,
-        d: &Decision,
-    ) -> Next<F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        K: Hash + Clone + Send + Sync + 'static,
-        St: Store<Option<K>>,
-        X: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-    {
-        let plain =
-            d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
-        if !plain {
-            let name = at.installed.set.entry(at.index).name.as_deref();
-            self.observe.decided(name, self.flavour.route(req), &key, d);
-        }
-        self.respond(req, at, key, d)
-    }
-
-    /// The decision counted, then the flavour's refusal or admission, with the refund of
-    /// a queued request dropped before its turn.
+    /// The decision observed (unless `observed` already: a failed store's open answer) and
+    /// counted, then the flavour's refusal or admission, with the refund of a queued
+    /// request dropped before its turn.
     #[inline]
     fn respond<Req, K>(
         self: &Arc<Self>,
@@ -444,14 +425,19 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         at: &At<'_, F::Prepared>,
         key: Option<K>,
         d: &Decision,
+        observed: bool,
     ) -> Next<F::Refusal, F::Extra>
     where
         F: Flavour<Req>,
-        K: Hash + Clone + Send + Sync + 'static,
+        K: StoredKey,
         St: Store<Option<K>>,
-        X: Send + Sync + 'static,
-        C: Send + Sync + 'static,
     {
+        let plain =
+            d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
+        if !plain && !observed {
+            let name = at.installed.set.entry(at.index).name.as_deref();
+            self.observe.decided(name, self.flavour.route(req), &key, d);
+        }
         at.installed.metrics[at.index].decided(d);
         let v = Verdict {
             decision: d,
