@@ -33,19 +33,17 @@
 //! reports it carries (remaining, reset, next unit) are computed: governor's allow path
 //! returns `()` and its refusal a small snapshot.
 
-use std::{
-    hint::black_box,
-    net::Ipv4Addr,
-    num::NonZeroU32,
-    sync::{Arc, Barrier},
-    time::{Duration, Instant},
-};
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
-use governor::{
-    clock::{Clock as _, Reference as _},
-    DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter,
-};
+use governor::clock::{Clock as _, Reference as _};
+use governor::DefaultKeyedRateLimiter;
+use governor::Quota as GQuota;
+use governor::RateLimiter;
 use tollgate::{clock::Clock as _, store::MemoryStore, Limit, Quota};
 
 /// This thread's CPU time. Batches are timed with it, not with the wall clock: on a

@@ -9,12 +9,10 @@
 //!   one batch of each (alternating the order), with the thread's CPU time; the row gives
 //!   the medians and the median of the per-round ratios with its 25th..75th percentile.
 
-use std::{
-    convert::Infallible,
-    hint::black_box,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
-    time::Duration,
-};
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use axum::{body::Body, extract::ConnectInfo};
 use criterion::{criterion_group, Criterion};

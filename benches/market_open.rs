@@ -30,11 +30,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tollgate::{
-    decision::Source,
-    store::{FailurePolicy, LocalFirstStore, RedisConnection, RedisStore},
-    Decision, Limit, Quota,
-};
+use tollgate::decision::Source;
+use tollgate::store::{FailurePolicy, LocalFirstStore, RedisConnection, RedisStore};
+use tollgate::Decision;
+use tollgate::Limit;
+use tollgate::Quota;
 
 const CLIENTS: u64 = 1_400_000;
 const STEADY_FOR: Duration = Duration::from_secs(1);

@@ -13,13 +13,11 @@
 //!
 //! Run with `cargo bench --bench memory` (prints a table; no timing involved).
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    hash::Hash,
-    net::{IpAddr, Ipv4Addr},
-    num::NonZeroU32,
-    sync::atomic::{AtomicUsize, Ordering},
-};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate::{key::HeaderBytes, store::MemoryStore, Limit, Quota};

@@ -35,22 +35,20 @@
 //! [TOLLGATE_PROFILE_N=1000000]` runs one contender's batch of that row only, for
 //! profilers (`valgrind --tool=callgrind`, `perf`).
 
-use std::{
-    convert::Infallible,
-    hint::black_box,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
-    time::Duration,
-};
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use axum::{body::Body, extract::ConnectInfo};
 use criterion::{criterion_group, Criterion};
 use http::{Request, Response, StatusCode};
+use tollgate::key::{PeerIp, RequestHead};
 #[cfg(feature = "tsc")]
 use tollgate::store::MemoryStore;
-use tollgate::{
-    key::{PeerIp, RequestHead},
-    Limit, Quota, RateLimitLayer,
-};
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::{governor::GovernorConfigBuilder, GovernorLayer};
 

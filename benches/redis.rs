@@ -26,10 +26,9 @@ use std::{
 };
 
 use redis::aio::ConnectionManager;
-use tollgate::{
-    store::{RedisConnection, RedisStore},
-    Limit, Quota,
-};
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
 
 const ROUND: Duration = Duration::from_millis(1000);
 const ROUNDS: usize = 7;

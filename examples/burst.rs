@@ -6,9 +6,12 @@
 
 use std::time::Duration;
 
-use tollgate::{
-    clock::ManualClock, decision::Outcome, store::MemoryStore, ConfigError, Limit, Quota,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Outcome;
+use tollgate::store::MemoryStore;
+use tollgate::ConfigError;
+use tollgate::Limit;
+use tollgate::Quota;
 
 fn run(name: &str, limit: Limit) {
     let store = MemoryStore::new(limit).with_clock(ManualClock::new());

@@ -10,11 +10,9 @@
 //! queue (5 per second, up to 20 waiting) spaces the calls to each API 200 ms apart. Two
 //! tiny local axum servers play two third-party APIs and record when each call arrives.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::{routing::get, Router};
 use tokio::time::Instant;

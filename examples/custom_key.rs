@@ -14,11 +14,10 @@ use std::net::SocketAddr;
 
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
-use tollgate::{
-    key::MissingKey,
-    key::{key_fn, KeyExtractor},
-    Quota, RateLimitLayer,
-};
+use tollgate::key::MissingKey;
+use tollgate::key::{key_fn, KeyExtractor};
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 /// The tenant named by the first path segments `/t/{tenant}/...`.
 #[derive(Clone, Copy, Debug)]

@@ -50,25 +50,29 @@
 
 use std::{hash::Hash, net::SocketAddr, sync::Arc};
 
-use axum::{
-    extract::Path,
-    http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode},
-    middleware,
-    response::Response,
-    routing::{get, post},
-    Extension, Json, Router,
-};
-use tollgate::{
-    fair::{FairStore, MemoryFair, Share},
-    inflight::{InFlightStore, MemoryInFlight},
-    key::MissingKey,
-    key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead},
-    policy::IntoPolicy,
-    store::KeyBytes,
-    store::MemoryStore,
-    store::Store,
-    ConfigError, Decision, FairLimitLayer, InFlightLimitLayer, Limit, Quota, RateLimitLayer,
-};
+use axum::extract::Path;
+use axum::http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode};
+use axum::middleware;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Extension;
+use axum::Json;
+use axum::Router;
+use tollgate::fair::{FairStore, MemoryFair, Share};
+use tollgate::inflight::{InFlightStore, MemoryInFlight};
+use tollgate::key::MissingKey;
+use tollgate::key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead};
+use tollgate::policy::IntoPolicy;
+use tollgate::store::KeyBytes;
+use tollgate::store::MemoryStore;
+use tollgate::store::Store;
+use tollgate::ConfigError;
+use tollgate::Decision;
+use tollgate::FairLimitLayer;
+use tollgate::InFlightLimitLayer;
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 /// Where limits live: this process, or Redis when `TOLLGATE_REDIS_URL` is set.
 #[derive(Clone)]

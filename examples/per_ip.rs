@@ -15,10 +15,9 @@ use std::{io, net::SocketAddr};
 
 use axum::{routing::get, Router};
 use tokio::task::JoinHandle;
-use tollgate::{
-    key::{ClientIp, PeerIp},
-    Quota, RateLimitLayer,
-};
+use tollgate::key::{ClientIp, PeerIp};
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 fn routes() -> Router {
     Router::new()

@@ -15,14 +15,11 @@
 
 use std::net::SocketAddr;
 
-use axum::{
-    routing::{get, post},
-    Router,
-};
-use tollgate::{
-    key::{MatchedRoute, PeerIp},
-    Quota, RateLimitLayer,
-};
+use axum::routing::{get, post};
+use axum::Router;
+use tollgate::key::{MatchedRoute, PeerIp};
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 fn app() -> Result<Router, Box<dyn std::error::Error>> {
     let login = RateLimitLayer::builder()

@@ -13,11 +13,11 @@
 use std::{net::SocketAddr, time::Duration};
 
 use axum::{routing::get, Router};
-use tollgate::{
-    key::PeerIp,
-    store::{FailurePolicy, RedisConnection, RedisStore},
-    Limit, Quota, RateLimitLayer,
-};
+use tollgate::key::PeerIp;
+use tollgate::store::{FailurePolicy, RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 async fn instance(
     name: &'static str,

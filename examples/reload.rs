@@ -19,20 +19,16 @@
 //! docs). A file that does not parse is reported with the line at fault, and the set in
 //! force stays until the file is fixed.
 
-use std::{
-    io,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use axum::{routing::get, Router};
 use tokio::{sync::watch, task::JoinHandle, time::MissedTickBehavior};
-use tollgate::{
-    key::{HeaderBytes, HeaderKey, RequestHead},
-    policy::{PolicyHandle, PolicySet},
-    RateLimitLayer,
-};
+use tollgate::key::{HeaderBytes, HeaderKey, RequestHead};
+use tollgate::policy::{PolicyHandle, PolicySet};
+use tollgate::RateLimitLayer;
 
 /// What a missing policy file is created with.
 const DEFAULT_POLICIES: &str = "\

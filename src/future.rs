@@ -19,13 +19,11 @@
 //! future first, then its timer) wins the tie: the request is dropped unserved and its
 //! units go back.
 
-use std::{
-    fmt,
-    future::Future,
-    pin::Pin,
-    task::{ready, Context, Poll},
-    time::Duration,
-};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;

@@ -10,14 +10,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tower_service::Service;
 
-use crate::{
-    error::ConfigError,
-    future::{take_ready, Machine},
-    key::KeyExtractor,
-    observe::KeylessWarning,
-    options::{MissingKey, OnStoreError},
-    response::{grpc, own_answer},
-};
+use crate::error::ConfigError;
+use crate::future::{take_ready, Machine};
+use crate::key::KeyExtractor;
+use crate::observe::KeylessWarning;
+use crate::options::{MissingKey, OnStoreError};
+use crate::response::{grpc, own_answer};
 
 /// An answer of the layer's own (a refusal, a keyless request rejected, a failed store).
 pub(crate) type OwnAnswer = Box<Response<Bytes>>;

@@ -11,12 +11,10 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use crate::{
-    decision::{Decision, Source},
-    error::StoreError,
-    key::KeyExtractor,
-    options::{MissingKey, OnStoreError},
-};
+use crate::decision::{Decision, Source};
+use crate::error::StoreError;
+use crate::key::KeyExtractor;
+use crate::options::{MissingKey, OnStoreError};
 
 /// A layer's observer: its label and its rate of warnings.
 #[derive(Debug)]

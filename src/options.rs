@@ -2,12 +2,10 @@
 //! ([`MissingKey`]), what to do when the store fails ([`OnStoreError`]), and lists of keys
 //! never limited or always refused.
 
-use std::{
-    any::{Any, TypeId},
-    fmt,
-    hash::Hash,
-    sync::Arc,
-};
+use std::any::{Any, TypeId};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
 
 use http::StatusCode;
 

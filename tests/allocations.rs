@@ -5,21 +5,19 @@
 //! do the in-flight and fair layers. A refusal allocates no more than an admission plus
 //! its response.
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    convert::Infallible,
-    future::Future,
-    sync::atomic::{AtomicUsize, Ordering},
-    task::{Context, Poll, Waker},
-};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
 
 use http::{Request, Response};
 use http_body_util::Full;
-use tollgate::{
-    fair::{FairLimitLayer, Share},
-    key::Global,
-    InFlightLimitLayer, Quota, RateLimitLayer,
-};
+use tollgate::fair::{FairLimitLayer, Share};
+use tollgate::key::Global;
+use tollgate::InFlightLimitLayer;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::{Service, ServiceBuilder};
 
 struct Counting;

@@ -14,25 +14,25 @@ use std::{
     time::Duration,
 };
 
-use axum::{
-    body::Body,
-    extract::connect_info::MockConnectInfo,
-    http::StatusCode,
-    routing::{get, post},
-    Router,
-};
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
 use http::{HeaderMap, Request};
-use tollgate::{
-    clock::ManualClock,
-    generic,
-    generic::RateLimited,
-    key::MissingKey,
-    key::{
-        key_fn, ClientIp, HeaderBytes, HeaderKey, JsonField, JsonFieldKey, JsonFieldLayer, PeerIp,
-    },
-    store::{MemoryStore, Store},
-    ConfigError, Limit, Policy, Quota, RateLimitLayer,
+use tollgate::clock::ManualClock;
+use tollgate::generic;
+use tollgate::generic::RateLimited;
+use tollgate::key::MissingKey;
+use tollgate::key::{
+    key_fn, ClientIp, HeaderBytes, HeaderKey, JsonField, JsonFieldKey, JsonFieldLayer, PeerIp,
 };
+use tollgate::store::{MemoryStore, Store};
+use tollgate::ConfigError;
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::{Service, ServiceExt};
 
 #[derive(Debug)]

@@ -6,12 +6,11 @@ use std::{convert::Infallible, time::Duration};
 
 use axum::body::Body;
 use http::{Request, Response};
-use tollgate::{
-    clock::ManualClock,
-    fair::{FairStore, MemoryFair, Share},
-    key::{HeaderBytes, HeaderKey},
-    FairLimitLayer, Quota,
-};
+use tollgate::clock::ManualClock;
+use tollgate::fair::{FairStore, MemoryFair, Share};
+use tollgate::key::{HeaderBytes, HeaderKey};
+use tollgate::FairLimitLayer;
+use tollgate::Quota;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 const SEC: u64 = 1_000_000_000;
@@ -346,10 +345,8 @@ mod redis_support;
 mod on_redis {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use tollgate::{
-        fair::RedisFair,
-        store::{BreakerState, RedisConnection},
-    };
+    use tollgate::fair::RedisFair;
+    use tollgate::store::{BreakerState, RedisConnection};
 
     use super::*;
     use crate::redis_support::{RedisServer, Target};

@@ -11,29 +11,30 @@ use support::FailingStore;
 
 use http::StatusCode;
 use tokio::net::TcpListener;
-use tollgate::{
-    clock::ManualClock,
-    key::MissingKey,
-    key::{GrpcMethod, HeaderKey},
-    store::MemoryStore,
-    store::OnStoreError,
-    Limit, Policy, Quota, RateLimitLayer,
-};
-use tonic::{
-    transport::{server::TcpIncoming, Channel, Server},
-    Code, Request, Response, Status,
-};
+use tollgate::clock::ManualClock;
+use tollgate::key::MissingKey;
+use tollgate::key::{GrpcMethod, HeaderKey};
+use tollgate::store::MemoryStore;
+use tollgate::store::OnStoreError;
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
+use tonic::transport::{server::TcpIncoming, Channel, Server};
+use tonic::Code;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
 use tonic_types::StatusExt as _;
 
 #[allow(unreachable_pub, missing_docs, clippy::all)]
 #[path = "../examples/grpc/helloworld.rs"]
 mod helloworld;
 
-use helloworld::{
-    greeter_client::GreeterClient,
-    greeter_server::{Greeter, GreeterServer},
-    HelloReply, HelloRequest,
-};
+use helloworld::greeter_client::GreeterClient;
+use helloworld::greeter_server::{Greeter, GreeterServer};
+use helloworld::HelloReply;
+use helloworld::HelloRequest;
 
 struct Hello;
 
@@ -266,10 +267,8 @@ async fn a_failed_store_under_fail_closed_is_unavailable() {
 /// in a `RetryInfo` (here the key's ceiling, one per second, on a frozen clock).
 #[tokio::test]
 async fn a_fair_share_refusal_is_resource_exhausted_with_the_exact_retry_info() {
-    use tollgate::{
-        fair::{MemoryFair, Share},
-        FairLimitLayer,
-    };
+    use tollgate::fair::{MemoryFair, Share};
+    use tollgate::FairLimitLayer;
     let clock = ManualClock::at(Duration::from_secs(1_800_000_000));
     let share = Share::new(Quota::per_second(1).unwrap(), Quota::per_second(1).unwrap()).unwrap();
     let layer = FairLimitLayer::builder(

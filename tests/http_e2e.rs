@@ -7,10 +7,15 @@ use std::time::{Duration, Instant};
 
 use axum::{routing::get, Extension, Router};
 use support::{client, get as fetch, serve};
-use tollgate::{
-    cost::Cost, key::KeyExtractor, key::MissingKey, key::PeerIp, store::Store, Decision, Limit,
-    Quota, RateLimitLayer,
-};
+use tollgate::cost::Cost;
+use tollgate::key::KeyExtractor;
+use tollgate::key::MissingKey;
+use tollgate::key::PeerIp;
+use tollgate::store::Store;
+use tollgate::Decision;
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 fn per_ip() -> tollgate::ratelimit::Builder<PeerIp, tollgate::cost::UnitCost> {
     RateLimitLayer::builder().key(PeerIp::new())

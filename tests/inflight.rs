@@ -24,12 +24,13 @@ use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::{sync::Semaphore, time::Instant};
-use tollgate::{
-    inflight::{InFlightBody, MemoryInFlight},
-    key::MissingKey,
-    key::{Global, HeaderKey},
-    InFlightLimitLayer, Limit, Quota, RateLimitLayer,
-};
+use tollgate::inflight::{InFlightBody, MemoryInFlight};
+use tollgate::key::MissingKey;
+use tollgate::key::{Global, HeaderKey};
+use tollgate::InFlightLimitLayer;
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 type Req = Request<Body>;
@@ -555,12 +556,10 @@ mod redis_support;
 mod on_redis {
     use std::sync::atomic::AtomicU32;
 
-    use tollgate::{
-        error::StoreError,
-        inflight::RedisInFlight,
-        store::OnStoreError,
-        store::{BreakerState, RedisConnection},
-    };
+    use tollgate::error::StoreError;
+    use tollgate::inflight::RedisInFlight;
+    use tollgate::store::OnStoreError;
+    use tollgate::store::{BreakerState, RedisConnection};
 
     use super::*;
     use crate::redis_support::{RedisServer, Target};

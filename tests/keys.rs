@@ -3,13 +3,11 @@
 use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderValue, Method, Request};
-use tollgate::{
-    key::{
-        key_fn, ClientIp, ExtensionKey, ForwardedHeader, Global, HeaderBytes, HeaderKey,
-        KeyExtractor, KeyExtractorExt, MethodKey, PeerIp,
-    },
-    ConfigError,
+use tollgate::key::{
+    key_fn, ClientIp, ExtensionKey, ForwardedHeader, Global, HeaderBytes, HeaderKey, KeyExtractor,
+    KeyExtractorExt, MethodKey, PeerIp,
 };
+use tollgate::ConfigError;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

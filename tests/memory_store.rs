@@ -1,10 +1,8 @@
 //! The in-memory store through the public API: the founding articles' scenario under a
 //! manual clock, concurrency with the real clock, and bounded memory.
 
-use std::{
-    sync::{Arc, Barrier},
-    time::{Duration, Instant},
-};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use tollgate::{clock::ManualClock, decision::Outcome, store::MemoryStore, Limit, Policy, Quota};
 
@@ -239,10 +237,9 @@ fn several_limits_share_one_key_in_the_store() {
 /// store now reads the clock after the key's state, and again on every retry.
 #[test]
 fn a_stale_clock_reading_does_not_refuse_a_request_that_fits() {
-    use std::sync::{
-        atomic::{AtomicU64, Ordering},
-        OnceLock, Weak,
-    };
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::sync::Weak;
     use tollgate::clock::Clock;
 
     type Racy = MemoryStore<&'static str, Interloper>;

@@ -14,15 +14,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use support::{Events, FailingStore};
-use tollgate::{
-    clock::ManualClock,
-    decision::{Outcome, Source},
-    error::StoreError,
-    key::{Global, HeaderBytes, HeaderKey, RequestHead},
-    store::OnStoreError,
-    store::{MemoryStore, Store, StoreFuture},
-    Decision, Policy, RateLimitLayer,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::{Outcome, Source};
+use tollgate::error::StoreError;
+use tollgate::key::{Global, HeaderBytes, HeaderKey, RequestHead};
+use tollgate::store::OnStoreError;
+use tollgate::store::{MemoryStore, Store, StoreFuture};
+use tollgate::Decision;
+use tollgate::Policy;
+use tollgate::RateLimitLayer;
 use tower::ServiceExt;
 
 /// A realistic "now" for the manual clocks (frozen unless a test moves them).

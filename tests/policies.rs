@@ -15,15 +15,16 @@ use std::{
 
 use axum::{body::Body, routing::get, Extension, Router};
 use http::{HeaderMap, Request, StatusCode};
-use tollgate::{
-    clock::ManualClock,
-    error::RateLimited,
-    generic,
-    key::{key_fn, HeaderBytes, HeaderKey, RequestHead},
-    policy::{PolicyName, PolicySet},
-    store::MemoryStore,
-    ConfigError, Decision, Policy, RateLimitLayer,
-};
+use tollgate::clock::ManualClock;
+use tollgate::error::RateLimited;
+use tollgate::generic;
+use tollgate::key::{key_fn, HeaderBytes, HeaderKey, RequestHead};
+use tollgate::policy::{PolicyName, PolicySet};
+use tollgate::store::MemoryStore;
+use tollgate::ConfigError;
+use tollgate::Decision;
+use tollgate::Policy;
+use tollgate::RateLimitLayer;
 use tower::{Service, ServiceExt};
 
 /// 2027-01-15 08:00:00 UTC: 16 hours before the end of the UTC day.

@@ -5,10 +5,9 @@ use std::net::SocketAddr;
 
 use axum::{body::Body, extract::connect_info::MockConnectInfo, routing::get, Router};
 use http::Request;
-use tollgate::{
-    key::{ClientIp, ForwardedHeader, PeerIp},
-    Quota, RateLimitLayer,
-};
+use tollgate::key::{ClientIp, ForwardedHeader, PeerIp};
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::ServiceExt;
 
 /// A router limited to one request per minute per key, seen from `peer`.

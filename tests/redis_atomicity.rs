@@ -14,11 +14,10 @@ use std::{
 };
 
 use redis_support::Target;
-use tollgate::{
-    decision::Source,
-    store::{RedisConnection, RedisStore},
-    Limit, Quota,
-};
+use tollgate::decision::Source;
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
 
 async fn server_us(con: &mut redis::aio::MultiplexedConnection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();

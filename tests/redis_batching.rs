@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use redis_support::RedisServer;
 use tokio::task::JoinSet;
-use tollgate::{
-    clock::ManualClock,
-    decision::Source,
-    store::{FailurePolicy, RedisConnection, RedisStore},
-    Limit, Quota,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Source;
+use tollgate::store::{FailurePolicy, RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
 
 fn limit() -> Limit {
     Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(100).unwrap()).unwrap()

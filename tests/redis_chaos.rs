@@ -7,18 +7,15 @@
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis_support::RedisServer;
-use tollgate::{
-    decision::Source,
-    store::{BreakerState, FailurePolicy, RedisConnection, RedisStore},
-    Limit, Quota,
-};
+use tollgate::decision::Source;
+use tollgate::store::{BreakerState, FailurePolicy, RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
 
 const DEADLINE: Duration = Duration::from_millis(20);
 const MARGIN: Duration = Duration::from_millis(50);

@@ -13,11 +13,11 @@ use equiv::{compare, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
 use redis_support::{stored_words, RedisCluster};
-use tollgate::{
-    decision::Source,
-    store::{RedisConnection, RedisStore},
-    Limit, Policy, Quota,
-};
+use tollgate::decision::Source;
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
 
 #[test]
 fn semantics_through_a_cluster() {
@@ -112,12 +112,10 @@ async fn fair_through_the_cluster(conn: &RedisConnection) {
 
     use axum::body::Body;
     use http::{Request, Response};
-    use tollgate::{
-        clock::ManualClock,
-        fair::{FairStore, MemoryFair, RedisFair, Share},
-        key::{HeaderBytes, HeaderKey},
-        FairLimitLayer,
-    };
+    use tollgate::clock::ManualClock;
+    use tollgate::fair::{FairStore, MemoryFair, RedisFair, Share};
+    use tollgate::key::{HeaderBytes, HeaderKey};
+    use tollgate::FairLimitLayer;
     use tower::{ServiceBuilder, ServiceExt};
 
     async fn statuses<St: FairStore<HeaderBytes>>(store: St, clock: &ManualClock) -> Vec<u16> {

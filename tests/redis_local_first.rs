@@ -15,11 +15,10 @@ use std::{
 };
 
 use redis_support::RedisServer;
-use tollgate::{
-    decision::Source,
-    store::{LocalFirstStore, RedisConnection, RedisStore, Store},
-    Limit, Quota,
-};
+use tollgate::decision::Source;
+use tollgate::store::{LocalFirstStore, RedisConnection, RedisStore, Store};
+use tollgate::Limit;
+use tollgate::Quota;
 
 const RATE: u64 = 100;
 const BURST: u64 = 20;

@@ -7,12 +7,11 @@ mod redis_support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_support::RedisServer;
-use tollgate::{
-    clock::ManualClock,
-    decision::Source,
-    store::{RedisConnection, RedisStore},
-    Limit, Quota,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Source;
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::Limit;
+use tollgate::Quota;
 
 /// A manual clock at today's time, which the store decides on and runs its negative cache
 /// on.

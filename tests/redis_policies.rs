@@ -12,12 +12,11 @@ use std::time::Duration;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
 use redis_support::RedisServer;
-use tollgate::{
-    clock::ManualClock,
-    key::{HeaderBytes, HeaderKey, RequestHead},
-    store::{RedisConnection, RedisStore},
-    Policy, RateLimitLayer,
-};
+use tollgate::clock::ManualClock;
+use tollgate::key::{HeaderBytes, HeaderKey, RequestHead};
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::Policy;
+use tollgate::RateLimitLayer;
 use tower::ServiceExt;
 
 fn clock() -> ManualClock {

@@ -12,12 +12,13 @@ use std::time::Duration;
 use equiv::{compare, compare_concurrent, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{stored_words, Target};
-use tollgate::{
-    decision::Outcome,
-    decision::Source,
-    store::{RedisConnection, RedisStore},
-    ConfigError, Limit, Policy, Quota,
-};
+use tollgate::decision::Outcome;
+use tollgate::decision::Source;
+use tollgate::store::{RedisConnection, RedisStore};
+use tollgate::ConfigError;
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

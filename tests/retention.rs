@@ -18,11 +18,11 @@ use axum::{routing::get, Router};
 /// The memory store's default budget, 32 MiB.
 const DEFAULT_MAX_BYTES: usize = 32 << 20;
 
-use tollgate::{
-    key::{Global, HeaderKey},
-    store::MemoryStore,
-    Limit, Quota, RateLimitLayer,
-};
+use tollgate::key::{Global, HeaderKey};
+use tollgate::store::MemoryStore;
+use tollgate::Limit;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 
 struct Counting;
 

@@ -2,11 +2,9 @@
 //! order and bound, slots given back by dropped waiters, composition with `tower::retry`
 //! and `tower::timeout`, and the bounds axum requires.
 
-use std::{
-    convert::Infallible,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
@@ -363,11 +361,9 @@ async fn dropped_waiters_give_every_unit_back_to_every_limit() {
 /// nothing to wake it. States now own their values; such a future fails loudly.
 #[tokio::test(start_paused = true)]
 async fn a_future_polled_again_after_the_inner_service_panicked_fails_loudly() {
-    use std::{
-        future::Future,
-        panic::{catch_unwind, AssertUnwindSafe},
-        task::Context,
-    };
+    use std::future::Future;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::task::Context;
     let layer = tollgate::generic::RateLimitLayer::builder()
         .key(Global::new())
         .leaky_queue(Quota::per_second(10).unwrap(), 5)

@@ -10,9 +10,12 @@ use std::collections::BTreeMap;
 use axum::{body::Body, routing::get, Extension, Router};
 use http::{Request, StatusCode};
 use sim::{Fate, Stats, MS, NS};
-use tollgate::{
-    clock::ManualClock, key::HeaderKey, store::MemoryStore, Decision, Policy, RateLimitLayer,
-};
+use tollgate::clock::ManualClock;
+use tollgate::key::HeaderKey;
+use tollgate::store::MemoryStore;
+use tollgate::Decision;
+use tollgate::Policy;
+use tollgate::RateLimitLayer;
 use tower::ServiceExt;
 
 /// The figures the showcase's table prints for a policy that refused with

@@ -5,15 +5,17 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use tollgate::{
-    decision::Source,
-    error::StoreError,
-    generic::RateLimited,
-    key::Global,
-    store::OnStoreError,
-    store::{Store, StoreFuture},
-    Decision, Limit, Policy, Quota, RateLimitLayer,
-};
+use tollgate::decision::Source;
+use tollgate::error::StoreError;
+use tollgate::generic::RateLimited;
+use tollgate::key::Global;
+use tollgate::store::OnStoreError;
+use tollgate::store::{Store, StoreFuture};
+use tollgate::Decision;
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
+use tollgate::RateLimitLayer;
 use tower::BoxError;
 use tower::{ServiceBuilder, ServiceExt};
 

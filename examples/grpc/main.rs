@@ -18,20 +18,20 @@ use std::{net::SocketAddr, time::Duration};
 
 use tokio::{net::TcpListener, task::JoinHandle};
 use tollgate::{key::PeerIp, Limit, Quota, RateLimitLayer};
-use tonic::{
-    transport::{server::TcpIncoming, Server},
-    Code, Request, Response, Status,
-};
+use tonic::transport::{server::TcpIncoming, Server};
+use tonic::Code;
+use tonic::Request;
+use tonic::Response;
+use tonic::Status;
 use tonic_types::StatusExt as _;
 
 #[allow(unreachable_pub, missing_docs, clippy::all)]
 mod helloworld;
 
-use helloworld::{
-    greeter_client::GreeterClient,
-    greeter_server::{Greeter, GreeterServer},
-    HelloReply, HelloRequest,
-};
+use helloworld::greeter_client::GreeterClient;
+use helloworld::greeter_server::{Greeter, GreeterServer};
+use helloworld::HelloReply;
+use helloworld::HelloRequest;
 
 /// The greeter: says hello.
 #[derive(Debug, Default)]

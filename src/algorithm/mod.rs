@@ -13,12 +13,10 @@ use std::{fmt, sync::Arc, time::Duration};
 pub(crate) use gcra::Gcra;
 pub(crate) use window::Window;
 
-use crate::{
-    decision::MAX_LIMITS,
-    decision::{LimitReport, Outcome},
-    error::ConfigError,
-    quota::Quota,
-};
+use crate::decision::MAX_LIMITS;
+use crate::decision::{LimitReport, Outcome};
+use crate::error::ConfigError;
+use crate::quota::Quota;
 
 /// Largest number of state words a policy can need.
 pub(crate) const MAX_WORDS: usize = 3 * MAX_LIMITS;

@@ -8,16 +8,14 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::share::{FairDecision, Share};
-use crate::{
-    error::StoreError,
-    gate::{store_failed, Verdict, Wording},
-    observe::{outage, OncePerSecond},
-    options::OnStoreError,
-    quota::Quota,
-    response::{
-        grpc, problem_body, quota_refusal, rate_limit_item, retry_after_secs, sf_string,
-        QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
-    },
+use crate::error::StoreError;
+use crate::gate::{store_failed, Verdict, Wording};
+use crate::observe::{outage, OncePerSecond};
+use crate::options::OnStoreError;
+use crate::quota::Quota;
+use crate::response::{
+    grpc, problem_body, quota_refusal, rate_limit_item, retry_after_secs, sf_string,
+    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
 };
 
 /// The fair-sharing layer's words.

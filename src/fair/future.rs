@@ -2,29 +2,23 @@
 //! [`crate::future`], deciding later when a network store answers, and what an answer
 //! becomes (the inner response with the fields added, or the layer's own refusal).
 
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{
-    answer::{settle, FairReplies, Reported},
-    share::{FairDecision, Share},
-};
-use crate::{
-    error::StoreError,
-    future::ResponseFuture,
-    future::{Decide, Next},
-    gate::OwnAnswer,
-    options::OnStoreError,
-    response::RateLimitBody,
-    store::StoreFuture,
-};
+use super::answer::{settle, FairReplies, Reported};
+use super::share::{FairDecision, Share};
+use crate::error::StoreError;
+use crate::future::ResponseFuture;
+use crate::future::{Decide, Next};
+use crate::gate::OwnAnswer;
+use crate::options::OnStoreError;
+use crate::response::RateLimitBody;
+use crate::store::StoreFuture;
 
 /// A decision coming from a network store.
 // Public only as a parameter of the unnameable response future; never seen by users.

@@ -6,20 +6,16 @@ use std::{fmt, sync::Arc, time::Duration};
 use http::Request;
 use tower_layer::Layer;
 
-use super::{
-    answer::{FairReplies, WORDING},
-    memory::MemoryFair,
-    service::{Shared, Shares},
-    share::{Pool, Share},
-};
+use super::answer::{FairReplies, WORDING};
+use super::memory::MemoryFair;
+use super::service::{Shared, Shares};
+use super::share::{Pool, Share};
+use crate::error::ConfigError;
+use crate::gate::CommonOptions;
+use crate::key::{Global, KeyExtractor, RequestHead};
+use crate::options::{MissingKey, OnStoreError};
+use crate::quota::Quota;
 use crate::service::Limited;
-use crate::{
-    error::ConfigError,
-    gate::CommonOptions,
-    key::{Global, KeyExtractor, RequestHead},
-    options::{MissingKey, OnStoreError},
-    quota::Quota,
-};
 
 /// Shares a pool among the keys of `key` (HTB-style fair sharing with borrowing):
 /// `.layer(FairLimitLayer::builder(..).share(..).build()?)` on an axum `Router`, a route,

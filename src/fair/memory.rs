@@ -1,21 +1,15 @@
 //! [`MemoryFair`]: one pool and its keys' states in this process.
 
-use std::{
-    fmt,
-    hash::Hash,
-    sync::{Arc, Mutex, PoisonError},
-};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use hashbrown::HashMap;
 
-use super::{
-    share::{decide, key_is_fresh, FairDecision, KeyState, Pool, PoolState, Share},
-    store::{sealed::Backend, FairStore},
-};
-use crate::{
-    clock::{Clock, TokioClock},
-    store::StoreFuture,
-};
+use super::share::{decide, key_is_fresh, FairDecision, KeyState, Pool, PoolState, Share};
+use super::store::{sealed::Backend, FairStore};
+use crate::clock::{Clock, TokioClock};
+use crate::store::StoreFuture;
 
 /// What one key's entry holds in memory, beside the key itself and the table's
 /// overhead, for the budget.

@@ -1,25 +1,19 @@
 //! `RedisFair`: a pool and its keys' states shared by every instance through Redis.
 
-use std::{
-    fmt,
-    sync::{Arc, LazyLock},
-    time::Duration,
-};
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use ::redis::Script;
 
-use super::{
-    share::{FairDecision, Pool, Share, MAX_SHARE_INTERVAL},
-    store::{sealed::Backend, FairStore},
+use super::share::{FairDecision, Pool, Share, MAX_SHARE_INTERVAL};
+use super::store::{sealed::Backend, FairStore};
+use crate::clock::Clock;
+use crate::error::{ConfigError, StoreError};
+use crate::redis::{
+    key_prefix, push_sha1_hex, Breaker, BreakerState, OwnClock, RedisBuilder, RedisConnection,
 };
-use crate::{
-    clock::Clock,
-    error::{ConfigError, StoreError},
-    redis::{
-        key_prefix, push_sha1_hex, Breaker, BreakerState, OwnClock, RedisBuilder, RedisConnection,
-    },
-    store::{KeyBytes, StoreFuture},
-};
+use crate::store::{KeyBytes, StoreFuture};
 
 static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis.lua")));
 

@@ -1,31 +1,25 @@
 //! The service made by [`FairLimitLayer`](super::FairLimitLayer).
 
-use std::{
-    fmt,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{
-    answer::{settle, FairReplies, Reported},
-    future::Deciding,
-    share::{Pool, Share},
-    store::FairStore,
-};
+use super::answer::{settle, FairReplies, Reported};
+use super::future::Deciding;
+use super::share::{Pool, Share};
+use super::store::FairStore;
 use crate::future::ResponseFuture;
 use crate::gate::OwnAnswer;
+use crate::gate::{Common, Decided};
+use crate::key::{KeyExtractor, RequestHead};
+use crate::quota::Quota;
+use crate::response::RateLimitBody;
 use crate::service::Limited;
-use crate::{
-    gate::{Common, Decided},
-    key::{KeyExtractor, RequestHead},
-    quota::Quota,
-    response::RateLimitBody,
-};
 
 /// How a request's share is chosen.
 pub(crate) enum Shares {

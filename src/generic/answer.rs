@@ -3,11 +3,9 @@
 
 use http::StatusCode;
 
-use crate::{
-    error::{BoxError, RateLimited, StoreError},
-    limiter::{Flavour, Prepare, Screen, Settlement, Verdict},
-    policy::{choose::Chooser, Policy, PolicySet},
-};
+use crate::error::{BoxError, RateLimited, StoreError};
+use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
+use crate::policy::{choose::Chooser, Policy, PolicySet};
 
 /// How the generic layer answers: a refusal is an error, an admission carries nothing.
 #[derive(Clone, Copy, Debug)]

@@ -1,11 +1,9 @@
 //! The generic layer's response future: the core's state machine, with a refusal as an
 //! error.
 
-use std::{
-    future::Future,
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use tower_service::Service;
 

@@ -6,17 +6,15 @@ use std::{fmt, sync::Arc};
 use tower_layer::Layer;
 
 use super::answer::{Generic, RequestSelect};
-use crate::{
-    cost::UnitCost,
-    error::ConfigError,
-    key::{Global, KeyExtractor},
-    limiter::Limiter,
-    options::KeyList,
-    policy::{choose::Chooser, PolicyHandle, PolicyName, PolicySet},
-    ratelimit::Builder,
-    service::Limited,
-    store::{MemoryStore, Store, StoreFuture},
-};
+use crate::cost::UnitCost;
+use crate::error::ConfigError;
+use crate::key::{Global, KeyExtractor};
+use crate::limiter::Limiter;
+use crate::options::KeyList;
+use crate::policy::{choose::Chooser, PolicyHandle, PolicyName, PolicySet};
+use crate::ratelimit::Builder;
+use crate::service::Limited;
+use crate::store::{MemoryStore, Store, StoreFuture};
 
 /// The layer for any `tower::Service`. See the [module docs](super).
 pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost> {

@@ -1,23 +1,19 @@
 //! The generic rate-limit service: the shared [`Limited`] service on the generic
 //! flavour of the limiter.
 
-use std::{
-    hash::Hash,
-    task::{Context, Poll},
-};
+use std::hash::Hash;
+use std::task::{Context, Poll};
 
 use tower_service::Service;
 
 use super::answer::Generic;
-use crate::{
-    cost::Cost,
-    error::BoxError,
-    future::{Machine, ResponseFuture},
-    key::KeyExtractor,
-    limiter::Limiter,
-    service::Limited,
-    store::Store,
-};
+use crate::cost::Cost;
+use crate::error::BoxError;
+use crate::future::{Machine, ResponseFuture};
+use crate::key::KeyExtractor;
+use crate::limiter::Limiter;
+use crate::service::Limited;
+use crate::store::Store;
 
 /// The generic rate-limit service: a refusal is an error.
 impl<S, X, St, C, Req> Service<Req> for Limited<S, Limiter<X, St, C, Generic>>

@@ -9,12 +9,10 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::store::{Acquired, Permit};
 use crate::gate::{store_failed, Verdict, Wording};
-use crate::{
-    options::OnStoreError,
-    response::{
-        grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
-        RATELIMIT, RATELIMIT_POLICY,
-    },
+use crate::options::OnStoreError;
+use crate::response::{
+    grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
+    RATELIMIT, RATELIMIT_POLICY,
 };
 
 /// The in-flight layer's words.

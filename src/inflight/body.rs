@@ -1,10 +1,8 @@
 //! [`InFlightBody`]: the response body that holds its request's slot until it ends.
 
-use std::{
-    fmt,
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};

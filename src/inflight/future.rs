@@ -3,27 +3,21 @@
 //! and what an answer becomes (the inner response with the fields added and the slot held
 //! by its body, or the layer's own refusal).
 
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{
-    answer::{settle, InFlightReplies, Slot},
-    body::InFlightBody,
-    store::{Acquired, Acquiring},
-};
+use super::answer::{settle, InFlightReplies, Slot};
+use super::body::InFlightBody;
+use super::store::{Acquired, Acquiring};
+use crate::future::ResponseFuture;
+use crate::future::{Decide, Next};
 use crate::gate::OwnAnswer;
-use crate::{
-    future::ResponseFuture,
-    future::{Decide, Next},
-    options::OnStoreError,
-};
+use crate::options::OnStoreError;
 
 /// A request waiting for its slot (in a queue, or for a network store).
 // Public only as a parameter of the unnameable response future; never seen by users.

@@ -6,19 +6,15 @@ use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 use http::Request;
 use tower_layer::Layer;
 
-use super::{
-    answer::{InFlightReplies, WORDING},
-    memory::MemoryInFlight,
-    service::Shared,
-    store::Limits,
-};
+use super::answer::{InFlightReplies, WORDING};
+use super::memory::MemoryInFlight;
+use super::service::Shared;
+use super::store::Limits;
+use crate::error::ConfigError;
 use crate::gate::CommonOptions;
+use crate::key::{Global, KeyExtractor};
+use crate::options::{MissingKey, OnStoreError};
 use crate::service::Limited;
-use crate::{
-    error::ConfigError,
-    key::{Global, KeyExtractor},
-    options::{MissingKey, OnStoreError},
-};
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
 /// says otherwise.

@@ -1,23 +1,26 @@
 //! [`MemoryInFlight`]: per-key counts of requests in flight and their FIFO queues, in a
 //! sharded map of this process.
 
-use std::{
-    collections::VecDeque,
-    fmt,
-    future::Future,
-    hash::Hash,
-    pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-    task::{Context, Poll, Waker},
-};
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 
 use hashbrown::HashTable;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use super::store::{
-    sealed::Backend, Acquired, Acquiring, Attempt, InFlightStore, Limits, Permit, Release,
-};
+use super::store::sealed::Backend;
+use super::store::Acquired;
+use super::store::Acquiring;
+use super::store::Attempt;
+use super::store::InFlightStore;
+use super::store::Limits;
+use super::store::Permit;
+use super::store::Release;
 use crate::store::map::{default_shards, hash_of, KeyHasher};
 
 /// The in-process store of an in-flight limit (the default): for each key with a request

@@ -15,16 +15,19 @@ use std::{
 use ::redis::Script;
 use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
 
-use super::store::{
-    sealed::Backend, Acquired, Acquiring, Attempt, InFlightStore, Limits, Permit, Release,
-};
-use crate::{
-    error::{ConfigError, StoreError},
-    observe::outage,
-    observe::OncePerSecond,
-    redis::{within, Breaker, BreakerState, KeyNames, RedisBuilder, RedisConnection},
-    store::KeyBytes,
-};
+use super::store::sealed::Backend;
+use super::store::Acquired;
+use super::store::Acquiring;
+use super::store::Attempt;
+use super::store::InFlightStore;
+use super::store::Limits;
+use super::store::Permit;
+use super::store::Release;
+use crate::error::{ConfigError, StoreError};
+use crate::observe::outage;
+use crate::observe::OncePerSecond;
+use crate::redis::{within, Breaker, BreakerState, KeyNames, RedisBuilder, RedisConnection};
+use crate::store::KeyBytes;
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
 /// ARGV: max, TTL in ms, lease id. Replies `{admitted, leases held}`.

@@ -1,22 +1,18 @@
 //! The service made by [`InFlightLimitLayer`](super::InFlightLimitLayer).
 
-use std::{
-    fmt,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use super::{
-    answer::{settle, InFlightReplies, Slot},
-    body::InFlightBody,
-    future::Waiting,
-    store::{Attempt, InFlightStore, Limits},
-};
+use super::answer::{settle, InFlightReplies, Slot};
+use super::body::InFlightBody;
+use super::future::Waiting;
+use super::store::{Attempt, InFlightStore, Limits};
 use crate::future::ResponseFuture;
 use crate::gate::{Common, Decided, OwnAnswer};
 use crate::key::KeyExtractor;

@@ -1,14 +1,12 @@
 //! What an in-flight store is to the layer: the sealed [`InFlightStore`] trait, the permit
 //! a request holds, and what an attempt to take a slot gives.
 
-use std::{
-    fmt,
-    future::Future,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use crate::error::StoreError;
 

@@ -1,9 +1,7 @@
 //! A small CIDR block matcher for the trusted-proxy list of [`ClientIp`](super::ClientIp).
 
-use std::{
-    fmt,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::peer_ip::prefix_mask;
 use crate::error::ConfigError;

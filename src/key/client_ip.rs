@@ -4,12 +4,11 @@ use std::{fmt, net::IpAddr, sync::Arc};
 
 use http::{header, HeaderName, Request};
 
-use super::{
-    cidr::Cidr,
-    forwarded::{forwarded_hop, xff_hop, Hop, RevSplit},
-    peer_ip::peer_addr,
-    KeyExtractor, PeerIp,
-};
+use super::cidr::Cidr;
+use super::forwarded::{forwarded_hop, xff_hop, Hop, RevSplit};
+use super::peer_ip::peer_addr;
+use super::KeyExtractor;
+use super::PeerIp;
 use crate::error::ConfigError;
 
 /// The most forwarding-header entries examined per request.

@@ -2,13 +2,11 @@
 //! reads the body of the routes it wraps, bounded in bytes, and puts the field's value
 //! into the request as a [`JsonField`], which [`JsonField::key`] extracts.
 
-use std::{
-    fmt,
-    future::Future,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;

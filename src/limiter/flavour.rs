@@ -4,11 +4,9 @@ use std::fmt;
 
 use http::StatusCode;
 
-use crate::{
-    decision::Decision,
-    error::StoreError,
-    policy::{choose::Chooser, Policy, PolicySet},
-};
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::policy::{choose::Chooser, Policy, PolicySet};
 
 /// What a layer prepares for each policy when a set is installed (the HTTP layer's
 /// formatted header values), so that no request formats them.

@@ -26,18 +26,16 @@ use arc_swap::ArcSwap;
 
 pub(crate) use self::flavour::{Flavour, Prepare, Screen, Settlement, Verdict};
 pub(crate) use self::settings::Settings;
-use crate::{
-    cost::Cost,
-    decision::{Decision, Outcome, Source},
-    error::{ConfigError, StoreError},
-    future::{Begin, Continuation, Next, RefundGuard},
-    key::KeyExtractor,
-    observe::KeylessWarning,
-    observe::{key_hash, Observe, PolicyMetrics},
-    options::{KeyList, MissingKey, OnStoreError},
-    policy::{check_names, choose::Chooser, handle::Install, Policy, PolicySet},
-    store::Store,
-};
+use crate::cost::Cost;
+use crate::decision::{Decision, Outcome, Source};
+use crate::error::{ConfigError, StoreError};
+use crate::future::{Begin, Continuation, Next, RefundGuard};
+use crate::key::KeyExtractor;
+use crate::observe::KeylessWarning;
+use crate::observe::{key_hash, Observe, PolicyMetrics};
+use crate::options::{KeyList, MissingKey, OnStoreError};
+use crate::policy::{check_names, choose::Chooser, handle::Install, Policy, PolicySet};
+use crate::store::Store;
 
 /// A policy set as installed: each policy with what the flavour prepared for it and its
 /// metrics.

@@ -3,13 +3,11 @@
 
 use std::{hash::Hash, sync::Arc, time::Duration};
 
-use crate::{
-    algorithm::Limit,
-    error::ConfigError,
-    options::{KeyList, MissingKey, OnStoreError},
-    policy::{choose::Chooser, IntoPolicy, Policy, PolicySet},
-    store::{MemoryStore, Store},
-};
+use crate::algorithm::Limit;
+use crate::error::ConfigError;
+use crate::options::{KeyList, MissingKey, OnStoreError};
+use crate::policy::{choose::Chooser, IntoPolicy, Policy, PolicySet};
+use crate::store::{MemoryStore, Store};
 
 /// What both layers' builders configure besides the key, the cost and the answers: the
 /// policies, what to do without a key or a store, the layer's name and its memory budget.

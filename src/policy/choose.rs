@@ -2,11 +2,9 @@
 //! argument types erased. Each layer's flavour knows them, so it calls it (see
 //! `Flavour::choose`); the layer checks the key type when it is built.
 
-use std::{
-    any::{Any, TypeId},
-    fmt,
-    sync::Arc,
-};
+use std::any::{Any, TypeId};
+use std::fmt;
+use std::sync::Arc;
 
 use super::PolicySet;
 use crate::error::ConfigError;

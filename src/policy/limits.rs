@@ -11,11 +11,9 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    algorithm::{Enforcement, Gcra, Limit, Params, MAX_WORDS},
-    decision::{Decision, LimitReport, Outcome, MAX_LIMITS},
-    error::ConfigError,
-};
+use crate::algorithm::{Enforcement, Gcra, Limit, Params, MAX_WORDS};
+use crate::decision::{Decision, LimitReport, Outcome, MAX_LIMITS};
+use crate::error::ConfigError;
 
 /// One or more limits that must all admit a request. See the [module docs](super).
 ///

@@ -17,10 +17,9 @@
 
 use std::fmt;
 
-use serde::{
-    de::{self, MapAccess, Visitor},
-    Deserialize, Deserializer,
-};
+use serde::de::{self, MapAccess, Visitor};
+use serde::Deserialize;
+use serde::Deserializer;
 
 use super::{Policy, PolicySet};
 

@@ -6,11 +6,9 @@ use std::{fmt, net::IpAddr, sync::Arc};
 
 use http::Request;
 
-use crate::{
-    error::ConfigError,
-    key::{cidr::Cidr, peer_ip::peer_addr, ClientIp, RequestHead},
-    limiter::Screen,
-};
+use crate::error::ConfigError;
+use crate::key::{cidr::Cidr, peer_ip::peer_addr, ClientIp, RequestHead};
+use crate::limiter::Screen;
 
 /// A predicate for requests the layer never limits.
 pub(crate) type Skip = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;

@@ -8,13 +8,13 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 
 use super::access::Access;
-use crate::{
-    decision::Decision,
-    error::StoreError,
-    key::RequestHead,
-    limiter::{Flavour, Prepare, Screen, Settlement, Verdict},
-    policy::{choose::Chooser, Policy, PolicySet},
-    response::{grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule},
+use crate::decision::Decision;
+use crate::error::StoreError;
+use crate::key::RequestHead;
+use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
+use crate::policy::{choose::Chooser, Policy, PolicySet};
+use crate::response::{
+    grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule,
 };
 
 /// What a decision hook is given: the request's head, the decision, and the name of the

@@ -5,15 +5,13 @@
 use std::{fmt, sync::Arc};
 
 use super::answer::Http;
-use crate::{
-    algorithm::Limit,
-    error::ConfigError,
-    limiter::{Limiter, Prepare, Settings},
-    options::{MissingKey, OnStoreError},
-    policy::{IntoPolicy, PolicySet},
-    quota::Quota,
-    store::Store,
-};
+use crate::algorithm::Limit;
+use crate::error::ConfigError;
+use crate::limiter::{Limiter, Prepare, Settings};
+use crate::options::{MissingKey, OnStoreError};
+use crate::policy::{IntoPolicy, PolicySet};
+use crate::quota::Quota;
+use crate::store::Store;
 
 /// Configures a rate-limit layer: who is limited, how, what a request costs. Setters take
 /// and return the builder; errors in limits are reported when the layer is built.

@@ -1,20 +1,16 @@
 //! The HTTP layer's response future: the core's state machine, and what an answer becomes
 //! (the inner response with the fields added, or the layer's own refusal).
 
-use std::{
-    future::Future,
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::{
-    future::ResponseFuture,
-    response::{RateLimitBody, ResponseHead, ResponseHeaders},
-};
+use crate::future::ResponseFuture;
+use crate::response::{RateLimitBody, ResponseHead, ResponseHeaders};
 
 impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, Box<Response<Bytes>>, ResponseHeaders>
 where

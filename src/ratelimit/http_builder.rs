@@ -7,21 +7,17 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response};
 
-use super::{
-    access,
-    answer::{DecisionEvent, HeadSelect, Http},
-    builder::Builder,
-    layer::RateLimitLayer,
-};
-use crate::{
-    decision::Decision,
-    error::ConfigError,
-    key::{ClientIp, KeyExtractor, RequestHead},
-    options::KeyList,
-    policy::{choose::Chooser, PolicyName},
-    response::{Rejection, ResponseHead, SettleRule},
-    store::{MemoryStore, Store},
-};
+use super::access;
+use super::answer::{DecisionEvent, HeadSelect, Http};
+use super::builder::Builder;
+use super::layer::RateLimitLayer;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::key::{ClientIp, KeyExtractor, RequestHead};
+use crate::options::KeyList;
+use crate::policy::{choose::Chooser, PolicyName};
+use crate::response::{Rejection, ResponseHead, SettleRule};
+use crate::store::{MemoryStore, Store};
 
 /// The HTTP layer's own setters. See [`RateLimitLayer::builder`].
 impl<X, C> Builder<X, C, Http> {

@@ -7,14 +7,12 @@ use http::Request;
 use tower_layer::Layer;
 
 use super::{answer::Http, builder::Builder};
-use crate::{
-    cost::UnitCost,
-    key::{Global, KeyExtractor},
-    limiter::Limiter,
-    policy::{PolicyHandle, PolicySet},
-    service::Limited,
-    store::{MemoryStore, Store, StoreFuture},
-};
+use crate::cost::UnitCost;
+use crate::key::{Global, KeyExtractor};
+use crate::limiter::Limiter;
+use crate::policy::{PolicyHandle, PolicySet};
+use crate::service::Limited;
+use crate::store::{MemoryStore, Store, StoreFuture};
 
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
 /// tower HTTP service. See the [crate docs](crate) for the guide.

@@ -1,10 +1,8 @@
 //! The HTTP rate-limit service made by [`RateLimitLayer`](super::RateLimitLayer): the
 //! shared [`Limited`] service on the HTTP flavour of the limiter.
 
-use std::{
-    hash::Hash,
-    task::{Context, Poll},
-};
+use std::hash::Hash;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -12,15 +10,13 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::answer::Http;
-use crate::{
-    cost::Cost,
-    future::{Machine, ResponseFuture},
-    key::KeyExtractor,
-    limiter::Limiter,
-    response::{RateLimitBody, ResponseHeaders},
-    service::Limited,
-    store::Store,
-};
+use crate::cost::Cost;
+use crate::future::{Machine, ResponseFuture};
+use crate::key::KeyExtractor;
+use crate::limiter::Limiter;
+use crate::response::{RateLimitBody, ResponseHeaders};
+use crate::service::Limited;
+use crate::store::Store;
 
 /// The HTTP rate-limit service: it keeps the inner service's error type and answers
 /// refusals with a response, so an axum `Router` stays infallible.

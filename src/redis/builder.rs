@@ -4,10 +4,8 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::{breaker::Breaker, deadline, keys};
-use crate::{
-    clock::{Clock, TokioClock},
-    error::ConfigError,
-};
+use crate::clock::{Clock, TokioClock};
+use crate::error::ConfigError;
 
 /// The settings every Redis-backed store shares: a builder's field `common`, set by the
 /// setters of [`RedisBuilder`].

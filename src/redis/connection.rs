@@ -1,11 +1,9 @@
 //! [`RedisConnection`]: the one place redis-rs's connections meet tollgate's API.
 
-use std::{
-    any::Any,
-    fmt,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use ::redis::{aio::ConnectionManager, cluster_async::ClusterConnection, Cmd, FromRedisValue};
 

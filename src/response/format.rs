@@ -1,22 +1,19 @@
-use std::{
-    fmt,
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{
-    header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER},
-    HeaderMap, HeaderName, HeaderValue, Response, StatusCode,
-};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::HeaderMap;
+use http::HeaderName;
+use http::HeaderValue;
+use http::Response;
+use http::StatusCode;
 
-use super::{
-    grpc,
-    settle::Pending,
-    values::{
-        json_escape, push_u64, retry_after_secs, seconds_value, sf_string, shared_value, Exact,
-        Item,
-    },
+use super::grpc;
+use super::settle::Pending;
+use super::values::{
+    json_escape, push_u64, retry_after_secs, seconds_value, sf_string, shared_value, Exact, Item,
 };
 use crate::{decision::Decision, decision::Outcome, decision::MAX_LIMITS, policy::Policy};
 

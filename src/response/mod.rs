@@ -8,15 +8,24 @@ mod settle;
 mod values;
 
 pub use body::RateLimitBody;
+pub(crate) use format::own_answer;
 #[cfg(feature = "json")]
 pub(crate) use format::plain;
+pub(crate) use format::problem_body;
+pub(crate) use format::quota_refusal;
 pub use format::refusal;
-pub(crate) use format::{
-    own_answer, problem_body, quota_refusal, Answers, Extra, Fields, Rejection, ResponseHeaders,
-    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
-};
+pub(crate) use format::Answers;
+pub(crate) use format::Extra;
+pub(crate) use format::Fields;
+pub(crate) use format::Rejection;
+pub(crate) use format::ResponseHeaders;
+pub(crate) use format::QUOTA_EXCEEDED;
+pub(crate) use format::RATELIMIT;
+pub(crate) use format::RATELIMIT_POLICY;
 pub use head::ResponseHead;
 pub(crate) use settle::{Pending, SettleRule};
-pub(crate) use values::{
-    prefixed_value, rate_limit_item, retry_after_secs, sf_string, shared_value,
-};
+pub(crate) use values::prefixed_value;
+pub(crate) use values::rate_limit_item;
+pub(crate) use values::retry_after_secs;
+pub(crate) use values::sf_string;
+pub(crate) use values::shared_value;

@@ -1,9 +1,7 @@
 //! Stable byte encodings of keys, for stores that name state by bytes (Redis).
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    sync::Arc,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 /// A key that can be written as bytes, stably across processes and builds, so that
 /// instances sharing a store agree on the name of a client's state.

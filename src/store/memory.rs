@@ -2,19 +2,17 @@
 
 use std::{fmt, hash::Hash};
 
-use super::{
-    map::{self, default_shards, Both, KeyHasher, ShardedMap},
-    tables::{residual_many, residual_one, Ctx, Digest, Keys, MemoryStats, Op, SipKeys},
-    tags::Tags,
-    CheckFuture, Store, StoreFuture,
-};
-use crate::{
-    clock::{Clock, TokioClock},
-    decision::Decision,
-    error::ConfigError,
-    observe::StoreMetrics,
-    policy::Policy,
-};
+use super::map::{self, default_shards, Both, KeyHasher, ShardedMap};
+use super::tables::{residual_many, residual_one, Ctx, Digest, Keys, MemoryStats, Op, SipKeys};
+use super::tags::Tags;
+use super::CheckFuture;
+use super::Store;
+use super::StoreFuture;
+use crate::clock::{Clock, TokioClock};
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::observe::StoreMetrics;
+use crate::policy::Policy;
 
 /// The default memory budget of a store: 32 MiB.
 pub(crate) const DEFAULT_MAX_BYTES: usize = 32 << 20;

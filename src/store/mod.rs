@@ -8,17 +8,18 @@ pub mod redis;
 mod tables;
 pub(crate) mod tags;
 
-use std::{
-    fmt,
-    future::Future,
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{
-    BreakerState, FailurePolicy, LocalFirstStore, RedisBuilder, RedisConnection, RedisStore,
-};
+pub use self::redis::BreakerState;
+pub use self::redis::FailurePolicy;
+pub use self::redis::LocalFirstStore;
+pub use self::redis::RedisBuilder;
+pub use self::redis::RedisConnection;
+pub use self::redis::RedisStore;
 pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;
 pub use memory::MemoryStore;

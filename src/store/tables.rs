@@ -12,10 +12,8 @@ use std::{
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-use super::{
-    map::{self, Both, Entry, KeyHasher, ShardInner, ShardedMap},
-    tags::Tags,
-};
+use super::map::{self, Both, Entry, KeyHasher, ShardInner, ShardedMap};
+use super::tags::Tags;
 use crate::{algorithm::MAX_WORDS, decision::Decision, policy::Policy};
 
 /// Counters of a [`MemoryStore`](super::MemoryStore).

@@ -2,21 +2,19 @@
 //! comparison of the Redis store with the in-memory store.
 #![allow(dead_code, unreachable_pub)]
 
-use std::{
-    future::Future,
-    pin::Pin,
-    sync::atomic::{AtomicU64, Ordering},
-    task::Poll,
-    time::Duration,
-};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
 
 use proptest::{prelude::*, test_runner::TestCaseError};
-use tollgate::{
-    clock::{Clock, ManualClock},
-    decision::{Decision, Source},
-    store::{MemoryStore, RedisConnection, RedisStore, Store},
-    Limit, Policy, Quota,
-};
+use tollgate::clock::{Clock, ManualClock};
+use tollgate::decision::{Decision, Source};
+use tollgate::store::{MemoryStore, RedisConnection, RedisStore, Store};
+use tollgate::Limit;
+use tollgate::Policy;
+use tollgate::Quota;
 
 pub fn limit_strategy() -> impl Strategy<Value = Limit> {
     (

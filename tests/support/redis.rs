@@ -4,13 +4,11 @@
 //! print "skipping: redis-server not found" and pass, unless `TOLLGATE_REQUIRE_REDIS=1`.
 #![allow(dead_code, unreachable_pub)]
 
-use std::{
-    net::{TcpListener, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
-    time::{Duration, Instant},
-};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// Whether `redis-server` can run here. Panics when it cannot and
 /// `TOLLGATE_REQUIRE_REDIS=1`.

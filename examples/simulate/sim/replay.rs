@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use tollgate::{
-    clock::ManualClock,
-    decision::{Outcome, Source},
-    store::{MemoryStore, Store},
-    Policy,
-};
+use tollgate::clock::ManualClock;
+use tollgate::decision::{Outcome, Source};
+use tollgate::store::{MemoryStore, Store};
+use tollgate::Policy;
 
 use super::{policies::Named, report::Report, Arrival, SimError};
 

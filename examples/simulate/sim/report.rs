@@ -3,12 +3,12 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use super::{
-    chart::chart_svg,
-    replay::{downstream, Fate},
-    series::{series, series_csv, span, step, Point},
-    Arrival, SimError, MS,
-};
+use super::chart::chart_svg;
+use super::replay::{downstream, Fate};
+use super::series::{series, series_csv, span, step, Point};
+use super::Arrival;
+use super::SimError;
+use super::MS;
 
 /// The span in which "the largest burst passed downstream" is counted, and the shortest
 /// over which the downstream rate is measured.

@@ -1,10 +1,10 @@
 //! A policy's series sampled over the trace, and the series' CSV.
 
-use super::{
-    replay::{downstream, Fate},
-    report::BURST_SPAN,
-    Arrival, MS, NS,
-};
+use super::replay::{downstream, Fate};
+use super::report::BURST_SPAN;
+use super::Arrival;
+use super::MS;
+use super::NS;
 
 /// One sample of a policy's series.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,9 +1,9 @@
 //! Traces from files: CSV or JSON lines, an error naming its line.
 
-use super::{
-    units::{cost_of, decimal_ns},
-    Arrival, SimError, NS,
-};
+use super::units::{cost_of, decimal_ns};
+use super::Arrival;
+use super::SimError;
+use super::NS;
 
 /// How a trace file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,19 +23,15 @@
 //! its reply under its own deadline, and a request whose caller stopped waiting before its
 //! batch left is not sent.
 
-use std::{
-    collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex, PoisonError},
-};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::oneshot;
 
 use super::script::{self, Args};
-use crate::{
-    error::StoreError,
-    redis::{run, Conn, Invocation, RedisConnection},
-};
+use crate::error::StoreError;
+use crate::redis::{run, Conn, Invocation, RedisConnection};
 
 /// Most requests in one batch call.
 const MAX_BATCH: usize = 128;

@@ -3,19 +3,15 @@
 
 use std::sync::Arc;
 
-use super::{
-    failure::{scaled_policy, FailurePolicy},
-    negative::NegativeCache,
-    script,
-    store::{RedisStore, Shared},
-};
-use crate::{
-    error::ConfigError,
-    observe::StoreMetrics,
-    policy::Policy,
-    redis::{KeyNames, OwnClock, RedisBuilder, RedisConnection},
-    store::{MemoryStore, DEFAULT_MAX_BYTES},
-};
+use super::failure::{scaled_policy, FailurePolicy};
+use super::negative::NegativeCache;
+use super::script;
+use super::store::{RedisStore, Shared};
+use crate::error::ConfigError;
+use crate::observe::StoreMetrics;
+use crate::policy::Policy;
+use crate::redis::{KeyNames, OwnClock, RedisBuilder, RedisConnection};
+use crate::store::{MemoryStore, DEFAULT_MAX_BYTES};
 
 /// The kind part of the rate store's key names (the layout's version): one key per client
 /// holding every limit's state.

@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
-use crate::{
-    algorithm::{Algorithm, Limit},
-    error::ConfigError,
-    policy::Policy,
-    quota::Quota,
-};
+use crate::algorithm::{Algorithm, Limit};
+use crate::error::ConfigError;
+use crate::policy::Policy;
+use crate::quota::Quota;
 
 /// What a [`RedisStore`](super::RedisStore) decides when Redis fails, times out, or its
 /// circuit breaker is open. See the [module docs](super).

@@ -1,25 +1,19 @@
 //! Local-first mode: decide locally, reconcile with Redis in the background.
 
-use std::{
-    fmt,
-    sync::{atomic::Ordering, Arc, PoisonError},
-    time::Duration,
-};
+use std::fmt;
+use std::sync::{atomic::Ordering, Arc, PoisonError};
+use std::time::Duration;
 
-use super::{
-    builder::{ForRedisStore, KEYS},
-    local_state::{force_charge, Shared},
-    local_sync::run,
-    script::{self, Mode},
-    store::RedisStore,
-};
-use crate::{
-    decision::Decision,
-    error::{ConfigError, StoreError},
-    policy::Policy,
-    redis::{KeyNames, RedisBuilder, RedisConnection},
-    store::{CheckFuture, KeyBytes, Store, StoreFuture},
-};
+use super::builder::{ForRedisStore, KEYS};
+use super::local_state::{force_charge, Shared};
+use super::local_sync::run;
+use super::script::{self, Mode};
+use super::store::RedisStore;
+use crate::decision::Decision;
+use crate::error::{ConfigError, StoreError};
+use crate::policy::Policy;
+use crate::redis::{KeyNames, RedisBuilder, RedisConnection};
+use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 
 /// A store that decides from per-instance state and reconciles it with Redis in the
 /// background: Redis is off the request path. See the [module docs](super).

@@ -2,15 +2,11 @@
 //! interval, each key used since the last round pushes the units admitted here and pulls
 //! the shared state back.
 
-use std::{
-    sync::{atomic::Ordering, Arc, Weak},
-    time::Duration,
-};
+use std::sync::{atomic::Ordering, Arc, Weak};
+use std::time::Duration;
 
-use super::{
-    local_state::{force_charge, Shared},
-    script::{self, Mode},
-};
+use super::local_state::{force_charge, Shared};
+use super::script::{self, Mode};
 use crate::{algorithm::MAX_WORDS, error::StoreError, policy::Policy, store::map};
 
 /// Keys synced concurrently in one round.

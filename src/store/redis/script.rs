@@ -8,14 +8,12 @@ use std::{sync::LazyLock, time::Duration};
 
 use ::redis::Script;
 
-use crate::{
-    algorithm::{Params, MAX_WORDS},
-    decision::MAX_LIMITS,
-    decision::{Decision, LimitReport, Outcome, Source},
-    error::{ConfigError, StoreError},
-    policy::{Combine, Policy},
-    redis::Invocation,
-};
+use crate::algorithm::{Params, MAX_WORDS};
+use crate::decision::MAX_LIMITS;
+use crate::decision::{Decision, LimitReport, Outcome, Source};
+use crate::error::{ConfigError, StoreError};
+use crate::policy::{Combine, Policy};
+use crate::redis::Invocation;
 
 /// The general script's text: `general_head.lua`, `gcra_decay.lua`, `general_tail.lua`.
 macro_rules! general_lua {

@@ -2,21 +2,17 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{
-    batch::{self, Batcher, Call, Request},
-    failure::{scaled_policy, FailurePolicy},
-    negative::NegativeCache,
-    script::{self, Args, Mode},
-};
-use crate::{
-    clock::Clock,
-    decision::{Decision, Outcome, Source},
-    error::{ConfigError, StoreError},
-    observe::StoreMetrics,
-    policy::Policy,
-    redis::{within, Breaker, BreakerState, KeyNames, RedisConnection},
-    store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture},
-};
+use super::batch::{self, Batcher, Call, Request};
+use super::failure::{scaled_policy, FailurePolicy};
+use super::negative::NegativeCache;
+use super::script::{self, Args, Mode};
+use crate::clock::Clock;
+use crate::decision::{Decision, Outcome, Source};
+use crate::error::{ConfigError, StoreError};
+use crate::observe::StoreMetrics;
+use crate::policy::Policy;
+use crate::redis::{within, Breaker, BreakerState, KeyNames, RedisConnection};
+use crate::store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture};
 
 /// The shared store: every instance decides through one Lua script on Redis, so a limit
 /// holds across the fleet. Cheap to clone. See the [module docs](super).
