@@ -48,12 +48,40 @@ pub enum OnStoreError {
 /// Whether a key (of the list's type) is on the list.
 type Contains = dyn Fn(&dyn Any) -> bool + Send + Sync;
 
+/// The key type something was given for (a key list, a selector), checked against the
+/// type the layer's extractor gives when the layer is built.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyType {
+    id: TypeId,
+    name: &'static str,
+}
+
+impl KeyType {
+    pub(crate) fn of<K: 'static>() -> Self {
+        KeyType {
+            id: TypeId::of::<K>(),
+            name: std::any::type_name::<K>(),
+        }
+    }
+
+    /// `Ok` when the layer's keys are of this type; else `error` of this type's name and
+    /// the layer's.
+    pub(crate) fn check<K: 'static>(
+        self,
+        error: impl FnOnce(&str, &str) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        if self.id == TypeId::of::<K>() {
+            return Ok(());
+        }
+        Err(error(self.name, std::any::type_name::<K>()))
+    }
+}
+
 /// A list of keys (allowed or denied) for a key type fixed when it was given, matched
 /// without the limiter knowing that type.
 #[derive(Clone)]
 pub(crate) struct KeyList {
-    key_type: TypeId,
-    key_type_name: &'static str,
+    key_type: KeyType,
     contains: Arc<Contains>,
 }
 
@@ -65,8 +93,7 @@ impl KeyList {
     {
         let set: std::collections::HashSet<K> = keys.into_iter().collect();
         KeyList {
-            key_type: TypeId::of::<K>(),
-            key_type_name: std::any::type_name::<K>(),
+            key_type: KeyType::of::<K>(),
             contains: Arc::new(move |k| k.downcast_ref::<K>().is_some_and(|k| set.contains(k))),
         }
     }
@@ -78,21 +105,14 @@ impl KeyList {
     }
 
     pub(crate) fn check<K: 'static>(&self) -> Result<(), ConfigError> {
-        if self.key_type == TypeId::of::<K>() {
-            return Ok(());
-        }
-        Err(ConfigError::KeyList(format!(
-            "a key list of {} for keys of type {}",
-            self.key_type_name,
-            std::any::type_name::<K>()
-        )))
+        self.key_type.check::<K>(|list, keys| {
+            ConfigError::KeyList(format!("a key list of {list} for keys of type {keys}"))
+        })
     }
 }
 
 impl fmt::Debug for KeyList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyList")
-            .field("key_type", &self.key_type_name)
-            .finish_non_exhaustive()
+        f.debug_tuple("KeyList").field(&self.key_type).finish()
     }
 }

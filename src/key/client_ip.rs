@@ -1,6 +1,6 @@
 //! [`ClientIp`]: the client's address behind trusted reverse proxies.
 
-use std::{fmt, net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
 use http::{header, HeaderName, Request};
 
@@ -85,7 +85,7 @@ impl ForwardedHeader {
 /// it through untouched or replace it with the client's copy.
 ///
 /// See the [module docs](super) for an example and the other extractors.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
 pub struct ClientIp {
     trusted: Arc<[Cidr]>,
@@ -179,16 +179,6 @@ impl ClientIp {
             }
         }
         Some(last_trusted)
-    }
-}
-
-impl fmt::Debug for ClientIp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientIp")
-            .field("trusted", &self.trusted)
-            .field("header", &self.header)
-            .field("grouping", &self.grouping)
-            .finish()
     }
 }
 

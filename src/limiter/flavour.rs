@@ -1,7 +1,5 @@
 //! How a layer answers: the flavour of the core each layer implements.
 
-use std::fmt;
-
 use http::StatusCode;
 
 use crate::decision::Decision;
@@ -81,14 +79,6 @@ pub(crate) struct Settlement {
     /// The units charged when the request was admitted.
     pub(crate) reserved: u64,
     pub(super) settle: Box<dyn FnOnce(u64) + Send>,
-}
-
-impl fmt::Debug for Settlement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settlement")
-            .field("reserved", &self.reserved)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Settlement {

@@ -2,27 +2,25 @@
 //! argument types erased. Each layer's flavour knows them, so it calls it (see
 //! `Flavour::choose`); the layer checks the key type when it is built.
 
-use std::any::{Any, TypeId};
-use std::fmt;
+use std::any::Any;
 use std::sync::Arc;
 
 use super::PolicySet;
 use crate::error::ConfigError;
+use crate::options::KeyType;
 
 /// A selector: `S` is the flavour's boxed closure type over a request (or its head), a key
 /// of type `K` and the set, returning the policy's index.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Chooser {
-    key_type: TypeId,
-    key_type_name: &'static str,
+    key_type: KeyType,
     select: Arc<dyn Any + Send + Sync>,
 }
 
 impl Chooser {
     pub(crate) fn new<S: Any + Send + Sync, K: 'static>(select: S) -> Self {
         Chooser {
-            key_type: TypeId::of::<K>(),
-            key_type_name: std::any::type_name::<K>(),
+            key_type: KeyType::of::<K>(),
             select: Arc::new(select),
         }
     }
@@ -35,22 +33,11 @@ impl Chooser {
 
     /// Whether the selector takes keys of the type the layer extracts.
     pub(crate) fn check<K: 'static>(&self) -> Result<(), ConfigError> {
-        if self.key_type == TypeId::of::<K>() {
-            return Ok(());
-        }
-        Err(ConfigError::PolicySet(format!(
-            "select(..) takes keys of type {}, but the layer's key extractor gives {}",
-            self.key_type_name,
-            std::any::type_name::<K>()
-        )))
-    }
-}
-
-impl fmt::Debug for Chooser {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Chooser")
-            .field("key_type", &self.key_type_name)
-            .finish_non_exhaustive()
+        self.key_type.check::<K>(|select, keys| {
+            ConfigError::PolicySet(format!(
+                "select(..) takes keys of type {select}, but the layer's key extractor gives {keys}"
+            ))
+        })
     }
 }
 

@@ -18,9 +18,9 @@ pub(crate) struct Pending {
 
 impl fmt::Debug for Pending {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pending")
-            .field("settlement", &self.settlement)
-            .finish_non_exhaustive()
+        f.debug_tuple("Pending")
+            .field(&self.settlement.reserved)
+            .finish()
     }
 }
 
