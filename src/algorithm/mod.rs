@@ -8,7 +8,7 @@ mod div;
 mod gcra;
 mod window;
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 pub(crate) use gcra::Gcra;
 pub(crate) use window::Window;
@@ -77,7 +77,7 @@ impl Params {
 
 /// One quota under one algorithm, with a name for the `RateLimit` headers.
 /// See the [module docs](self).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Limit {
     quota: Quota,
     algorithm: Algorithm,
@@ -105,17 +105,6 @@ impl Enforcement {
             Enforcement::Enforced => true,
             Enforcement::Keys(n) => key_hash % 10_000 < u64::from(n),
         }
-    }
-}
-
-impl fmt::Debug for Limit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Limit")
-            .field("name", &self.name)
-            .field("quota", &self.quota)
-            .field("algorithm", &self.algorithm)
-            .field("mode", &self.mode)
-            .finish()
     }
 }
 
