@@ -9,6 +9,7 @@ mod set;
 mod text;
 
 pub use self::handle::PolicyHandle;
+#[cfg(feature = "redis")]
 pub(crate) use self::limits::Combine;
 pub use self::limits::{IntoPolicy, Policy};
 pub(crate) use self::set::check_names;

@@ -15,14 +15,20 @@ use std::task::{Context, Poll};
 
 #[cfg(feature = "redis")]
 pub use self::redis::BreakerState;
+#[cfg(feature = "redis")]
 pub use self::redis::FailurePolicy;
+#[cfg(feature = "redis")]
 pub use self::redis::LocalFirstStore;
+#[cfg(feature = "redis")]
 pub use self::redis::RedisBuilder;
+#[cfg(feature = "redis")]
 pub use self::redis::RedisConnection;
+#[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 pub use crate::options::OnStoreError;
 pub use key_bytes::KeyBytes;
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub(crate) use memory::DEFAULT_MAX_BYTES;
 pub use tables::MemoryStats;
 
