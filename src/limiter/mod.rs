@@ -6,8 +6,8 @@
 //!
 //! A request's way through it: [`Limiter::begin`] screens the request, extracts its key,
 //! picks its policy and asks the store; the store's answer (at once, or later through the
-//! response future) goes to `settle` (a failed store), `conclude` (what is observed) and
-//! `respond`, which hands the decision to the flavour.
+//! response future) goes to `answered` (a failed store's answer under `OnStoreError`) and
+//! `respond`, which observes and counts the decision and hands it to the flavour.
 
 mod flavour;
 mod settings;
@@ -334,7 +334,7 @@ where
         }
         let mut check = self.store.decide(&key, policy, cost);
         match check.take_ready() {
-            Some(result) => Begin::Now(self.settle(req, &at, key, result)),
+            Some(result) => Begin::Now(self.answered(req, &at, key, result)),
             None => {
                 let (me, installed, policy) =
                     (Arc::clone(self), Arc::clone(installed), policy.clone());
@@ -346,7 +346,7 @@ where
                             policy: &policy,
                             cost,
                         };
-                        me.settle(req, &at, key, result)
+                        me.answered(req, &at, key, result)
                     });
                 Begin::Later(check, then)
             }
@@ -381,7 +381,7 @@ where
     }
 
     /// The store's answer, or its failure under the `OnStoreError` policy.
-    fn settle<Req, K>(
+    fn answered<Req, K>(
         self: &Arc<Self>,
         req: &mut Req,
         at: &At<'_, F::Prepared>,

@@ -9,8 +9,9 @@ use crate::options::{KeyList, MissingKey, OnStoreError};
 use crate::policy::{choose::Chooser, IntoPolicy, Policy, PolicySet};
 use crate::store::{MemoryStore, Store};
 
-/// What both layers' builders configure besides the key, the cost and the answers: the
-/// policies, what to do without a key or a store, the layer's name and its memory budget.
+/// What the rate-limit layers' builders (HTTP and generic) configure besides the key, the
+/// cost and the answers: the policies, what to do without a key or a store, the layer's
+/// name and its memory budget.
 /// Errors are kept (the first one) and reported when the layer is built.
 #[derive(Debug)]
 pub(crate) struct Settings {
