@@ -6,8 +6,7 @@
 
 use std::{ops::ControlFlow, sync::Arc};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use tower_service::Service;
 
 use crate::error::ConfigError;
@@ -17,8 +16,7 @@ use crate::observe::KeylessWarning;
 use crate::options::{MissingKey, OnStoreError};
 use crate::response::{grpc, own_answer};
 
-/// An answer of the layer's own (a refusal, a keyless request rejected, a failed store).
-pub(crate) type OwnAnswer = Box<Response<Bytes>>;
+use crate::response::OwnAnswer;
 
 /// What the layer makes of a request: the inner service is called, the response getting
 /// the fields `H` (`Ok`; `None`: the request went through unlimited), or an answer of the

@@ -15,8 +15,8 @@ use super::share::{FairDecision, Share};
 use crate::error::StoreError;
 use crate::future::ResponseFuture;
 use crate::future::{Decide, Next};
-use crate::gate::OwnAnswer;
 use crate::options::OnStoreError;
+use crate::response::OwnAnswer;
 use crate::response::RateLimitBody;
 use crate::store::StoreFuture;
 

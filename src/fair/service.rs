@@ -14,10 +14,10 @@ use super::future::Deciding;
 use super::share::{Pool, Share};
 use super::store::FairStore;
 use crate::future::ResponseFuture;
-use crate::gate::OwnAnswer;
 use crate::gate::{Common, Decided};
 use crate::key::{KeyExtractor, RequestHead};
 use crate::quota::Quota;
+use crate::response::OwnAnswer;
 use crate::response::RateLimitBody;
 use crate::service::Limited;
 

@@ -16,8 +16,8 @@ use super::body::InFlightBody;
 use super::store::{Acquired, Acquiring};
 use crate::future::ResponseFuture;
 use crate::future::{Decide, Next};
-use crate::gate::OwnAnswer;
 use crate::options::OnStoreError;
+use crate::response::OwnAnswer;
 
 /// A request waiting for its slot (in a queue, or for a network store).
 // Public only as a parameter of the unnameable response future; never seen by users.

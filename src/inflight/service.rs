@@ -14,8 +14,9 @@ use super::body::InFlightBody;
 use super::future::Waiting;
 use super::store::{Attempt, InFlightStore, Limits};
 use crate::future::ResponseFuture;
-use crate::gate::{Common, Decided, OwnAnswer};
+use crate::gate::{Common, Decided};
 use crate::key::KeyExtractor;
+use crate::response::OwnAnswer;
 use crate::service::Limited;
 
 /// What every service of one layer shares.

@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, StatusCode};
 
 use super::access::Access;
 use crate::decision::Decision;
@@ -13,6 +12,7 @@ use crate::error::StoreError;
 use crate::key::RequestHead;
 use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 use crate::policy::{choose::Chooser, Policy, PolicySet};
+use crate::response::OwnAnswer;
 use crate::response::{
     grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule,
 };
@@ -123,7 +123,7 @@ impl Http {
 }
 
 impl<B> Flavour<Request<B>> for Http {
-    type Refusal = Box<Response<Bytes>>;
+    type Refusal = OwnAnswer;
     type Extra = ResponseHeaders;
 
     fn refuse(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {

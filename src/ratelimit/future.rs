@@ -5,14 +5,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
+use crate::response::OwnAnswer;
 use crate::response::{RateLimitBody, ResponseHead, ResponseHeaders};
 
-impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, Box<Response<Bytes>>, ResponseHeaders>
+impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, OwnAnswer, ResponseHeaders>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {

@@ -14,6 +14,7 @@ use crate::cost::Cost;
 use crate::future::{Machine, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::limiter::Limiter;
+use crate::response::OwnAnswer;
 use crate::response::{RateLimitBody, ResponseHeaders};
 use crate::service::Limited;
 use crate::store::Store;
@@ -33,7 +34,7 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, Request<B>, Box<Response<Bytes>>, ResponseHeaders>;
+    type Future = ResponseFuture<S, Request<B>, OwnAnswer, ResponseHeaders>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

@@ -23,6 +23,10 @@ pub(crate) use format::QUOTA_EXCEEDED;
 pub(crate) use format::RATELIMIT;
 pub(crate) use format::RATELIMIT_POLICY;
 pub use head::ResponseHead;
+
+/// An answer of a layer's own (a refusal, a keyless request rejected, a failed store),
+/// boxed: the response futures stay small on the path that calls the inner service.
+pub(crate) type OwnAnswer = Box<http::Response<bytes::Bytes>>;
 pub(crate) use settle::{Pending, SettleRule};
 pub(crate) use values::prefixed_value;
 pub(crate) use values::rate_limit_item;
