@@ -4,19 +4,21 @@
 //! requests and of store failures), and what those options make of a request before the
 //! store sees it.
 
-use std::{ops::ControlFlow, sync::Arc};
+use std::task::{Context, Poll};
+use std::{fmt, ops::ControlFlow, sync::Arc};
 
-use http::{Request, StatusCode};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
 use tower_service::Service;
 
 use crate::error::ConfigError;
-use crate::future::{take_ready, Machine};
+use crate::future::{take_ready, Decide, Machine, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::observe::KeylessWarning;
 use crate::options::{MissingKey, OnStoreError};
-use crate::response::{grpc, own_answer};
-
-use crate::response::OwnAnswer;
+use crate::response::{grpc, own_answer, Finish, OwnAnswer};
+use crate::service::Limited;
 
 /// What the layer makes of a request: the inner service is called, the response getting
 /// the fields `H` (`Ok`; `None`: the request went through unlimited), or an answer of the
@@ -25,7 +27,9 @@ pub(crate) type Verdict<H> = Result<Option<H>, OwnAnswer>;
 
 /// What the store made of a request: decided at once, or a decision to come (a
 /// [`Decide`](crate::future::Decide)).
-pub(crate) enum Decided<H, D> {
+// Public in a private module: a `Part`'s answer; users never name it.
+#[allow(missing_debug_implementations)]
+pub enum Decided<H, D> {
     Now(Verdict<H>),
     Later(D),
 }
@@ -86,6 +90,43 @@ impl<X> CommonOptions<X> {
         })
     }
 }
+
+/// The setters of the options every gate layer's builder holds in `common` (a
+/// [`CommonOptions`]), written once: the limit's name (default `$label`; `$more` says
+/// what else it names and forbids), keyless requests and store failures.
+macro_rules! common_setters {
+    ($label:literal, $more:literal) => {
+        #[doc = concat!(
+                    "The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem \
+             body's `violated-policies`, the logs and the metrics (default `",
+                    $label,
+                    "`). Printable ASCII",
+                    $more,
+                    "."
+                )]
+        pub fn label(mut self, label: &str) -> Self {
+            self.common.label = label.into();
+            self
+        }
+
+        /// What to do with a request without a key (default
+        /// [`MissingKey::Shared`](crate::key::MissingKey::Shared): keyless requests share
+        /// one key's state).
+        pub fn on_missing_key(mut self, missing: crate::options::MissingKey) -> Self {
+            self.common.missing = missing;
+            self
+        }
+
+        /// What to do when a shared store fails (default
+        /// [`OnStoreError::FailOpen`](crate::store::OnStoreError::FailOpen): the request
+        /// goes through unlimited). The memory stores never fail.
+        pub fn on_store_error(mut self, on_error: crate::options::OnStoreError) -> Self {
+            self.common.on_error = on_error;
+            self
+        }
+    };
+}
+pub(crate) use common_setters;
 
 /// The options at work, shared by every service of one layer.
 #[derive(Debug)]
@@ -172,6 +213,66 @@ pub(crate) fn store_failed<B, H>(
             wording.store_down,
         ))),
         _ => Ok(None),
+    }
+}
+
+/// The state every service of one gate layer shares: the options at work, and the layer's
+/// own part (its store, its limits, its answers).
+pub struct Gated<X, P> {
+    pub(crate) common: Common<X>,
+    pub(crate) part: P,
+}
+
+impl<X, P> fmt::Debug for Gated<X, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gated")
+            .field("label", &self.common.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A gate layer's own part of a decision: its store asked for a request's key.
+// Public in a private module: it bounds the public `Service` impl below; users never name
+// it.
+pub trait Part<K> {
+    /// What an admitted request leaves for its response.
+    type Extra: Finish;
+    /// A decision to come.
+    type Later;
+
+    /// Asks the store for `key` (`None`: the state keyless requests share); a failed
+    /// store is answered under `on_error`.
+    fn decide<B>(
+        &self,
+        key: Option<K>,
+        req: &Request<B>,
+        on_error: OnStoreError,
+    ) -> Decided<Self::Extra, Self::Later>;
+}
+
+impl<S, X, P, B, ResBody> Service<Request<B>> for Limited<S, Gated<X, P>>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    X: KeyExtractor<Request<B>>,
+    P: Part<X::Key>,
+    P::Later: Decide<Request<B>, OwnAnswer, P::Extra>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<<P::Extra as Finish>::Body<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<B>, OwnAnswer, P::Extra, P::Later>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let Gated { common, part } = &*self.shared;
+        let machine = common.call(&mut self.inner, req, |key, req| {
+            part.decide(key, req, common.on_error)
+        });
+        ResponseFuture { machine }
     }
 }
 

@@ -8,16 +8,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower_service::Service;
 
 use super::answer::{settle, FairReplies, Reported};
 use super::share::{FairDecision, Share};
 use crate::error::StoreError;
-use crate::future::ResponseFuture;
 use crate::future::{Decide, Next};
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;
-use crate::response::RateLimitBody;
+use crate::response::{Finish, RateLimitBody};
 use crate::store::StoreFuture;
 
 /// A decision coming from a network store.
@@ -48,24 +46,15 @@ impl<B> Decide<Request<B>, OwnAnswer, Reported> for Deciding {
     }
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, OwnAnswer, Reported, Deciding>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-{
-    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+impl Finish for Reported {
+    type Body<B> = RateLimitBody<B>;
 
     #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().machine.poll_machine(
-            cx,
-            |result, reported| {
-                let mut response = result?.map(RateLimitBody::inner);
-                if let Some(reported) = reported {
-                    reported.apply(response.headers_mut());
-                }
-                Ok(response)
-            },
-            |response| Ok((*response).map(RateLimitBody::full)),
-        )
+    fn finish<B>(response: Response<B>, reported: Option<Self>) -> Response<RateLimitBody<B>> {
+        let mut response = response.map(RateLimitBody::inner);
+        if let Some(reported) = reported {
+            reported.apply(response.headers_mut());
+        }
+        response
     }
 }

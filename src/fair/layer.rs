@@ -8,12 +8,12 @@ use tower_layer::Layer;
 
 use super::answer::{FairReplies, WORDING};
 use super::memory::MemoryFair;
-use super::service::{Shared, Shares};
+use super::service::{Shares, Sharing};
 use super::share::{Pool, Share};
 use crate::error::ConfigError;
 use crate::gate::CommonOptions;
+use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor, RequestHead};
-use crate::options::{MissingKey, OnStoreError};
 use crate::quota::Quota;
 use crate::service::Limited;
 
@@ -23,7 +23,7 @@ use crate::service::Limited;
 ///
 /// One layer value is one pool: every service it makes and every clone shares it.
 pub struct FairLimitLayer<X = Global, St = MemoryFair<()>> {
-    shared: Arc<Shared<X, St>>,
+    shared: Arc<Gated<X, Sharing<St>>>,
 }
 
 impl<X, St> Clone for FairLimitLayer<X, St> {
@@ -39,9 +39,9 @@ impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for FairLimitLayer<X, St> {
         let s = &self.shared;
         f.debug_struct("FairLimitLayer")
             .field("key", &s.common.key)
-            .field("pool", &s.pool_quota)
+            .field("pool", &s.part.pool_quota)
             .field("label", &s.common.label)
-            .field("store", &s.store)
+            .field("store", &s.part.store)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +61,7 @@ impl FairLimitLayer {
 }
 
 impl<S, X, St> Layer<S> for FairLimitLayer<X, St> {
-    type Service = Limited<S, Shared<X, St>>;
+    type Service = Limited<S, Gated<X, Sharing<St>>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Limited::new(inner, &self.shared)
@@ -119,25 +119,7 @@ impl<X> FairLimitBuilder<X> {
         self
     }
 
-    /// The pool's name in the `RateLimit` fields, the problem body, the logs and the
-    /// metrics, and in its Redis key (default `fair`). Printable ASCII without braces.
-    pub fn label(mut self, label: &str) -> Self {
-        self.common.label = label.into();
-        self
-    }
-
-    /// What to do with requests that carry no key (default [`MissingKey::Shared`]: they
-    /// share one key's state).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.common.missing = missing;
-        self
-    }
-
-    /// What to do when the store fails (default [`OnStoreError::FailOpen`]).
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.common.on_error = on_error;
-        self
-    }
+    crate::gate::common_setters!("fair", ", without braces (it is the pool's Redis hash tag)");
 
     /// How long a key counts as asking for its share after it last asked: until the end
     /// of the next activity period of this length (default 1 s; whole microseconds
@@ -173,13 +155,15 @@ impl<X> FairLimitBuilder<X> {
         };
         let replies = Arc::new(FairReplies::new(&common.label, one));
         Ok(FairLimitLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Gated {
                 common,
-                store,
-                pool,
-                pool_quota: self.pool,
-                shares,
-                replies,
+                part: Sharing {
+                    store,
+                    pool,
+                    pool_quota: self.pool,
+                    shares,
+                    replies,
+                },
             }),
         })
     }

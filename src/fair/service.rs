@@ -1,25 +1,17 @@
-//! The service made by [`FairLimitLayer`](super::FairLimitLayer).
+//! The fair-sharing layer's part of a decision: the pool asked for the request's share.
 
-use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body::Body;
-use tower_service::Service;
+use http::Request;
 
 use super::answer::{settle, FairReplies, Reported};
 use super::future::Deciding;
 use super::share::{Pool, Share};
 use super::store::FairStore;
-use crate::future::ResponseFuture;
-use crate::gate::{Common, Decided};
-use crate::key::{KeyExtractor, RequestHead};
+use crate::gate::{Decided, Part};
+use crate::key::RequestHead;
+use crate::options::OnStoreError;
 use crate::quota::Quota;
-use crate::response::OwnAnswer;
-use crate::response::RateLimitBody;
-use crate::service::Limited;
 
 /// How a request's share is chosen.
 pub(crate) enum Shares {
@@ -27,9 +19,11 @@ pub(crate) enum Shares {
     By(Box<dyn Fn(&RequestHead<'_>) -> Share + Send + Sync>),
 }
 
-/// What every service of one layer shares.
-pub struct Shared<X, St> {
-    pub(crate) common: Common<X>,
+/// The fair-sharing layer's own state: its store, its pool, how shares are chosen and its
+/// answers.
+// Public only as a parameter of the unnameable service type; never seen by users.
+#[allow(missing_debug_implementations)]
+pub struct Sharing<St> {
     pub(crate) store: St,
     pub(crate) pool: Pool,
     pub(crate) pool_quota: Quota,
@@ -37,55 +31,30 @@ pub struct Shared<X, St> {
     pub(crate) replies: Arc<FairReplies>,
 }
 
-impl<X, St> fmt::Debug for Shared<X, St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("label", &self.common.label)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<X, St> Shared<X, St> {
-    fn share(&self, head: &RequestHead<'_>) -> Share {
-        match &self.shares {
-            Shares::One(s) => *s,
-            Shares::By(f) => f(head),
-        }
-    }
-}
-
-impl<S, X, St, B, ResBody> Service<Request<B>> for Limited<S, Shared<X, St>>
-where
-    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
-    X: KeyExtractor<Request<B>>,
-    St: FairStore<X::Key>,
-    ResBody: Body<Data = Bytes>,
-{
-    type Response = Response<RateLimitBody<ResBody>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S, Request<B>, OwnAnswer, Reported, Deciding>;
+impl<K, St: FairStore<K>> Part<K> for Sharing<St> {
+    type Extra = Reported;
+    type Later = Deciding;
 
     #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let s = &*self.shared;
-        let on_error = s.common.on_error;
-        let machine = s.common.call(&mut self.inner, req, |key, req| {
-            let share = s.share(&RequestHead::of(req));
-            let mut deciding = s.store.decide(key.as_ref(), &s.pool, &share);
-            match deciding.take_ready() {
-                Some(result) => Decided::Now(settle(result, &s.replies, share, on_error, req)),
-                None => Decided::Later(Deciding {
-                    deciding,
-                    replies: Arc::clone(&s.replies),
-                    share,
-                    on_error,
-                }),
-            }
-        });
-        ResponseFuture { machine }
+    fn decide<B>(
+        &self,
+        key: Option<K>,
+        req: &Request<B>,
+        on_error: OnStoreError,
+    ) -> Decided<Reported, Deciding> {
+        let share = match &self.shares {
+            Shares::One(s) => *s,
+            Shares::By(f) => f(&RequestHead::of(req)),
+        };
+        let mut deciding = self.store.decide(key.as_ref(), &self.pool, &share);
+        match deciding.take_ready() {
+            Some(result) => Decided::Now(settle(result, &self.replies, share, on_error, req)),
+            None => Decided::Later(Deciding {
+                deciding,
+                replies: Arc::clone(&self.replies),
+                share,
+                on_error,
+            }),
+        }
     }
 }

@@ -55,7 +55,8 @@ impl<Req> Flavour<Req> for Generic {
         None
     }
 
-    #[inline]
+    // Out of line: the common path, without a selector, stays small.
+    #[inline(never)]
     fn choose<K: 'static>(
         &self,
         chooser: &Chooser,

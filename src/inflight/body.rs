@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::store::Permit;
-use crate::response::RateLimitBody;
+use crate::response::{OwnBody, RateLimitBody};
 
 pin_project! {
     /// The response body of the in-flight layer's service: the inner service's
@@ -29,8 +29,10 @@ impl<B> InFlightBody<B> {
             permit,
         }
     }
+}
 
-    pub(crate) fn full(data: Bytes) -> Self {
+impl<B> OwnBody for InFlightBody<B> {
+    fn own(data: Bytes) -> Self {
         InFlightBody {
             body: RateLimitBody::full(data),
             permit: None,

@@ -9,15 +9,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower_service::Service;
 
 use super::answer::{settle, InFlightReplies, Slot};
 use super::body::InFlightBody;
 use super::store::{Acquired, Acquiring};
-use crate::future::ResponseFuture;
 use crate::future::{Decide, Next};
 use crate::options::OnStoreError;
-use crate::response::OwnAnswer;
+use crate::response::{Finish, OwnAnswer};
 
 /// A request waiting for its slot (in a queue, or for a network store).
 // Public only as a parameter of the unnameable response future; never seen by users.
@@ -40,23 +38,12 @@ impl<B> Decide<Request<B>, OwnAnswer, Slot> for Waiting {
     }
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, Request<B>, OwnAnswer, Slot, Waiting>
-where
-    S: Service<Request<B>, Response = Response<ResBody>>,
-{
-    type Output = Result<Response<InFlightBody<ResBody>>, S::Error>;
+impl Finish for Slot {
+    type Body<B> = InFlightBody<B>;
 
     #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().machine.poll_machine(
-            cx,
-            |result, slot| {
-                // An error drops the slot here.
-                let mut response = result?;
-                let permit = slot.map(|slot| slot.apply(response.headers_mut()));
-                Ok(response.map(|body| InFlightBody::inner(body, permit)))
-            },
-            |response| Ok((*response).map(InFlightBody::full)),
-        )
+    fn finish<B>(mut response: Response<B>, slot: Option<Self>) -> Response<InFlightBody<B>> {
+        let permit = slot.map(|slot| slot.apply(response.headers_mut()));
+        response.map(|body| InFlightBody::inner(body, permit))
     }
 }

@@ -8,12 +8,12 @@ use tower_layer::Layer;
 
 use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
-use super::service::Shared;
+use super::service::Slots;
 use super::store::Limits;
 use crate::error::ConfigError;
 use crate::gate::CommonOptions;
+use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor};
-use crate::options::{MissingKey, OnStoreError};
 use crate::service::Limited;
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
@@ -28,7 +28,7 @@ const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 /// route, and clones services freely) shares the same counts. Type parameters: `X` the
 /// [`KeyExtractor`], `St` the [`InFlightStore`](super::InFlightStore).
 pub struct InFlightLimitLayer<X = Global, St = MemoryInFlight<()>> {
-    pub(crate) shared: Arc<Shared<X, St>>,
+    pub(crate) shared: Arc<Gated<X, Slots<St>>>,
 }
 
 impl<X, St> Clone for InFlightLimitLayer<X, St> {
@@ -44,11 +44,11 @@ impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for InFlightLimitLayer<X, St> {
         let s = &self.shared;
         f.debug_struct("InFlightLimitLayer")
             .field("key", &s.common.key)
-            .field("max_in_flight", &s.limits.max)
-            .field("queue", &s.limits.queue)
-            .field("max_wait", &s.limits.max_wait)
+            .field("max_in_flight", &s.part.limits.max)
+            .field("queue", &s.part.limits.queue)
+            .field("max_wait", &s.part.limits.max_wait)
             .field("label", &s.common.label)
-            .field("store", &s.store)
+            .field("store", &s.part.store)
             .finish_non_exhaustive()
     }
 }
@@ -87,12 +87,12 @@ impl InFlightLimitLayer {
 impl<X, St> InFlightLimitLayer<X, St> {
     /// The store, for inspection (e.g. [`MemoryInFlight::len`]).
     pub fn store(&self) -> &St {
-        &self.shared.store
+        &self.shared.part.store
     }
 }
 
 impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
-    type Service = Limited<S, Shared<X, St>>;
+    type Service = Limited<S, Gated<X, Slots<St>>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Limited::new(inner, &self.shared)
@@ -137,26 +137,7 @@ impl<X> InFlightLimitBuilder<X> {
         self
     }
 
-    /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem body's
-    /// `violated-policies` and events (default `inflight`). Printable ASCII.
-    pub fn label(mut self, label: &str) -> Self {
-        self.common.label = label.into();
-        self
-    }
-
-    /// What to do with a request without a key (default [`MissingKey::Shared`]: keyless
-    /// requests share one set of slots).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.common.missing = missing;
-        self
-    }
-
-    /// What to do when a shared store fails (default [`OnStoreError::FailOpen`]: the
-    /// request goes through without a slot). The memory store never fails.
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.common.on_error = on_error;
-        self
-    }
+    crate::gate::common_setters!("inflight", "");
 
     /// Builds the layer with the in-memory store. Refuses a label that cannot be sent in
     /// a header.
@@ -175,11 +156,13 @@ impl<X> InFlightLimitBuilder<X> {
         let common = self.common.build(b"", &WORDING)?;
         let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
         Ok(InFlightLimitLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Gated {
                 common,
-                store,
-                limits: self.limits,
-                replies,
+                part: Slots {
+                    store,
+                    limits: self.limits,
+                    replies,
+                },
             }),
         })
     }

@@ -270,55 +270,14 @@ where
                 }
             },
         };
-        match &self.chooser {
-            // Without a selector the index is a constant the accesses below are checked
-            // against once.
-            None => self.decide_at(req, key, installed, 0),
-            Some(chooser) => self.decide_selected(req, key, installed, chooser),
-        }
-    }
-
-    /// [`Limiter::begin`] for a layer whose selector picks the policy: out of line, so
-    /// that the common path stays small.
-    #[inline(never)]
-    fn decide_selected<Req, K>(
-        self: &Arc<Self>,
-        req: &mut Req,
-        key: Option<K>,
-        installed: &Arc<Installed<F::Prepared>>,
-        chooser: &Chooser,
-    ) -> Begin<Req, F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-        C: Cost<Req>,
-        Req: 'static,
-    {
-        let index = self
-            .flavour
-            .choose(chooser, req, key.as_ref(), &installed.set);
-        self.decide_at(req, key, installed, index)
-    }
-
-    /// The policy at `index` resolved for the key, the request weighed, the store asked.
-    #[inline(always)]
-    fn decide_at<Req, K>(
-        self: &Arc<Self>,
-        req: &mut Req,
-        key: Option<K>,
-        installed: &Arc<Installed<F::Prepared>>,
-        index: usize,
-    ) -> Begin<Req, F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-        C: Cost<Req>,
-        Req: 'static,
-    {
+        // A selector's choice is made out of line: the common path, without one, stays
+        // small.
+        let index = match &self.chooser {
+            None => 0,
+            Some(chooser) => self
+                .flavour
+                .choose(chooser, req, key.as_ref(), &installed.set),
+        };
         // Resolved for the key once: a partial rollout's limits, enforced or in shadow.
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
         let cost = self.cost.cost(req);

@@ -207,7 +207,8 @@ impl<B> Flavour<Request<B>> for Http {
         Some(RequestHead::of(req).route())
     }
 
-    #[inline]
+    // Out of line: the common path, without a selector, stays small.
+    #[inline(never)]
     fn choose<K: 'static>(
         &self,
         chooser: &Chooser,

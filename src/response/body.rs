@@ -38,6 +38,12 @@ impl<B> RateLimitBody<B> {
     }
 }
 
+impl<B> super::OwnBody for RateLimitBody<B> {
+    fn own(data: Bytes) -> Self {
+        RateLimitBody::full(data)
+    }
+}
+
 impl<B: std::fmt::Debug> std::fmt::Debug for RateLimitBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {

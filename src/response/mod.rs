@@ -1,6 +1,7 @@
 #![doc = include_str!("../docs/responses.md")]
 
 mod body;
+mod finish;
 mod format;
 pub(crate) mod grpc;
 mod head;
@@ -8,6 +9,7 @@ mod settle;
 mod values;
 
 pub use body::RateLimitBody;
+pub(crate) use finish::{Finish, OwnBody};
 pub(crate) use format::own_answer;
 #[cfg(feature = "json")]
 pub(crate) use format::plain;

@@ -1,0 +1,51 @@
+//! What an HTTP layer's response future yields: the inner service's response with the
+//! layer's fields (and, for the in-flight layer, its slot) added, or the layer's own
+//! answer. One `Future` impl serves the HTTP rate-limit, in-flight and fair-sharing layers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::OwnAnswer;
+use crate::future::{Decide, ResponseFuture};
+
+/// What an admitted request's response gets from its layer: `Self` is what the decision
+/// left for the response (its fields, a slot), `Body` the body the layer answers with.
+// Public in a private module: it bounds the public `Future` impl below, and users never
+// name it.
+pub trait Finish: Sized {
+    /// The response body of the layer's service, wrapping the inner service's `B`.
+    type Body<B>: OwnBody;
+
+    /// The inner service's response, given what the decision left for it (`None`: the
+    /// request went through unlimited).
+    fn finish<B>(response: Response<B>, extra: Option<Self>) -> Response<Self::Body<B>>;
+}
+
+/// A body that can carry a layer's own answer.
+pub trait OwnBody {
+    /// The body of an answer of the layer's own.
+    fn own(data: Bytes) -> Self;
+}
+
+impl<S, B, ResBody, H, D> Future for ResponseFuture<S, Request<B>, OwnAnswer, H, D>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    H: Finish,
+    D: Decide<Request<B>, OwnAnswer, H>,
+{
+    type Output = Result<Response<H::Body<ResBody>>, S::Error>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().machine.poll_machine(
+            cx,
+            |result, extra| Ok(H::finish(result?, extra)),
+            |answer| Ok((*answer).map(OwnBody::own)),
+        )
+    }
+}
