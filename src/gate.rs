@@ -96,14 +96,9 @@ impl<X> CommonOptions<X> {
 /// what else it names and forbids), keyless requests and store failures.
 macro_rules! common_setters {
     ($label:literal, $more:literal) => {
-        #[doc = concat!(
-                    "The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem \
-             body's `violated-policies`, the logs and the metrics (default `",
-                    $label,
-                    "`). Printable ASCII",
-                    $more,
-                    "."
-                )]
+        /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem
+        /// body's `violated-policies`, the logs and the metrics.
+        #[doc = concat!("Default `", $label, "`; printable ASCII", $more, ".")]
         pub fn label(mut self, label: &str) -> Self {
             self.common.label = label.into();
             self
