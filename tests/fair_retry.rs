@@ -2,7 +2,8 @@
 //! and at it admitted, when nothing else happened in between. Checked on random pools
 //! (burst 1 included), shares, activity periods and demand through `FairLimitLayer` under
 //! a manual clock, on `MemoryFair` and on `RedisFair` (which decides alike). Each
-//! refusal's wait is read to the nanosecond from its gRPC `RetryInfo`.
+//! refusal's wait is read to the nanosecond from its gRPC `RetryInfo`. Beside it, what the
+//! module docs say of pools of burst 1 and of which keys count as active.
 
 use std::{convert::Infallible, time::Duration};
 
@@ -104,6 +105,79 @@ async fn a_pool_of_burst_1_reports_the_shares_wait_not_a_borrowing_that_never_co
     assert_eq!(ask(&svc, None).await, None);
 }
 
+/// Greedy keys on a pool of 20 per second and burst 1, the keys named `small*` capped at
+/// 5 per second, the others at 16: each key's rate over the last 10 of 12 s, per second.
+/// They ask every 2.5 ms, a step that divides every interval here (with a burst of 1, a
+/// request late on its interval loses the time).
+async fn greedy_on_a_pool_of_burst_1(keys: &[&str]) -> Vec<f64> {
+    let clock = ManualClock::at(ns(T0));
+    let share = |ceiling| {
+        Share::new(
+            Quota::per_second(4).unwrap(),
+            Quota::per_second(ceiling).unwrap(),
+        )
+        .unwrap()
+    };
+    let (small, big) = (share(5), share(16));
+    let layer = FairLimitLayer::builder(
+        HeaderKey::new("x-api-key").unwrap(),
+        Quota::every(Duration::from_millis(50)).unwrap(),
+    )
+    .share_by(move |head| match head.headers().get("x-api-key") {
+        Some(k) if k.as_bytes().starts_with(b"small") => small,
+        _ => big,
+    })
+    .build_with(MemoryFair::new().with_clock(clock.clone()))
+    .unwrap();
+    let svc = service(layer);
+    let mut admitted = vec![0u32; keys.len()];
+    for tick in 0..12_000 * 2 / 5 {
+        for (i, key) in keys.iter().enumerate() {
+            if ask(&svc, Some(key)).await.is_none() && tick >= 2_000 * 2 / 5 {
+                admitted[i] += 1;
+            }
+        }
+        clock.advance(ns(5 * MS / 2));
+    }
+    admitted.iter().map(|&n| f64::from(n) / 10.0).collect()
+}
+
+/// A pool of burst 1 never lends: a key alone gets the pool up to its ceiling (16 of the
+/// 20 per second), but beside a key held at its ceiling (5 per second) a greedy key
+/// gets its share, half the pool, and the 5 per second the other leaves go to nobody
+/// (on a pool of burst 20 it gets 15, see `tests/fair.rs`).
+#[tokio::test]
+async fn a_pool_of_burst_1_gives_each_key_its_share_and_lends_nothing() {
+    assert_eq!(greedy_on_a_pool_of_burst_1(&["big"]).await, [16.0]);
+    assert_eq!(
+        greedy_on_a_pool_of_burst_1(&["big", "small"]).await,
+        [10.0, 5.0]
+    );
+}
+
+/// A pool of `pool` with activity periods of `period` on a manual clock, every key
+/// guaranteed 1 per second with no ceiling in the way (1000 per second).
+fn guaranteed_1_per_second(
+    pool: Quota,
+    period: Duration,
+) -> (
+    ManualClock,
+    impl Service<Request<Body>, Response = impl HasHeaders, Error = Infallible> + Clone,
+) {
+    let clock = ManualClock::at(ns(T0));
+    let share = Share::new(
+        Quota::per_second(1).unwrap(),
+        Quota::per_second(1_000).unwrap(),
+    )
+    .unwrap();
+    let layer = FairLimitLayer::builder(HeaderKey::new("x-api-key").unwrap(), pool)
+        .share(share)
+        .activity_period(period)
+        .build_with(MemoryFair::new().with_clock(clock.clone()))
+        .unwrap();
+    (clock, service(layer))
+}
+
 /// A refusal's wait counts on the keys that stopped asking dropping out of the activity
 /// count: four keys drain the pool in one activity period, a fifth asks in the next,
 /// where the four still count; from the period after, it is alone and its share the
@@ -111,23 +185,9 @@ async fn a_pool_of_burst_1_reports_the_shares_wait_not_a_borrowing_that_never_co
 /// to lend (at 300 ms), and before its share of a fifth would (at 500 ms).
 #[tokio::test]
 async fn a_refusal_counts_on_keys_that_stopped_asking_dropping_out() {
-    let clock = ManualClock::at(ns(T0));
-    // 10 per second, burst 10 (1 s); 200 ms periods; no ceiling in the way.
-    let layer = FairLimitLayer::builder(
-        HeaderKey::new("x-api-key").unwrap(),
-        Quota::per_second(10).unwrap(),
-    )
-    .share(
-        Share::new(
-            Quota::per_second(1).unwrap(),
-            Quota::per_second(1_000).unwrap(),
-        )
-        .unwrap(),
-    )
-    .activity_period(Duration::from_millis(200))
-    .build_with(MemoryFair::new().with_clock(clock.clone()))
-    .unwrap();
-    let svc = service(layer);
+    // 10 per second, burst 10 (1 s); 200 ms periods.
+    let (clock, svc) =
+        guaranteed_1_per_second(Quota::per_second(10).unwrap(), Duration::from_millis(200));
     // Alone, `b1` sends half the pool's burst at its share; then one each at their
     // share of 2, 3 and 4 keys: the pool is 800 ms full.
     for key in ["b1", "b1", "b1", "b1", "b1", "b2", "b3", "b4"] {
@@ -142,6 +202,25 @@ async fn a_refusal_counts_on_keys_that_stopped_asking_dropping_out() {
     assert_eq!(ask(&svc, Some("a")).await, Some(1));
     clock.advance(ns(1));
     assert_eq!(ask(&svc, Some("a")).await, None);
+}
+
+/// Who counts as active, as the module docs say: a key that asked only in the previous
+/// period is not counted once the keys asking in this one weigh more. On a pool of burst
+/// 1 a key's wait is its share's fill, so its share shows in it: `a` asks in one period,
+/// `c` and `b` in the next, and `b`'s share is half the pool (a wait of 200 ms), not a
+/// third (300 ms).
+#[tokio::test]
+async fn a_key_seen_only_in_the_previous_period_drops_out_when_outweighed() {
+    let (clock, svc) = guaranteed_1_per_second(
+        Quota::per_second(10).unwrap().with_burst(1).unwrap(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(ask(&svc, Some("a")).await, None);
+    clock.advance(ns(1_000 * MS));
+    assert_eq!(ask(&svc, Some("c")).await, None);
+    clock.advance(ns(100 * MS));
+    assert_eq!(ask(&svc, Some("b")).await, None);
+    assert_eq!(ask(&svc, Some("b")).await, Some(200 * MS));
 }
 
 /// A pool, the shares of its keys, its activity period, and the demand.

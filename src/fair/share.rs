@@ -16,8 +16,9 @@ const WEIGHT_SCALE: u128 = 1_000_000_000_000;
 
 /// A key's part of a [pool](super): a guaranteed rate it gets whenever it asks for it
 /// and the pool's guarantees fit, and a ceiling (a rate and a burst) it may borrow up to
-/// while the pool has capacity to spare. Spare capacity is shared among the keys asking for it in
-/// proportion to their guaranteed rates. See the [module docs](super).
+/// while the pool has capacity to spare (a pool of burst 1 never does). Spare capacity is
+/// shared among the keys asking for it in proportion to their guaranteed rates. See the
+/// [module docs](super).
 ///
 /// ```
 /// use tollgate::{fair::Share, Quota};
@@ -40,10 +41,12 @@ pub struct Share {
 }
 
 impl Share {
-    /// A share guaranteed `guaranteed` (its rate: the burst a key may send at its share is
-    /// its part of half the pool's burst) and capped at `ceiling` (its rate and burst). The
-    /// ceiling's rate must be at least the guaranteed one; the guaranteed rate must be at
-    /// least 0.001 per second.
+    /// A share guaranteed `guaranteed` and capped at `ceiling` (its rate and burst). Of
+    /// the guaranteed quota only the rate counts: it weighs the key in the sharing. The
+    /// burst a key may send at its share is its part of half the pool's burst (at least
+    /// one request), as the [module docs](super) say, not the guaranteed quota's burst.
+    /// The ceiling's rate must be at least the guaranteed one; the guaranteed rate must be
+    /// at least 0.001 per second.
     pub fn new(guaranteed: Quota, ceiling: Quota) -> Result<Self, ConfigError> {
         let g_t = nanos(guaranteed.emission_interval());
         let ceil_t = nanos(ceiling.emission_interval());
@@ -101,7 +104,7 @@ pub struct Pool {
     pub(crate) t: u64,
     pub(crate) cap: u64,
     /// The length of one activity period: a key counts as asking for its share for the
-    /// period it last asked in and the next.
+    /// period it last asked in and at most the next.
     pub(crate) period: u64,
 }
 
@@ -155,7 +158,8 @@ pub(crate) struct KeyState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FairDecision {
     pub(crate) admitted: bool,
-    /// A refusal's exact wait until every condition could hold again (ns).
+    /// A refusal's exact wait (ns): until the key would be admitted if no other request
+    /// came first.
     pub(crate) retry_after: u64,
     /// Requests the key could still send at once.
     pub(crate) remaining: u64,
