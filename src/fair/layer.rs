@@ -121,8 +121,8 @@ impl<X> FairLimitBuilder<X> {
 
     crate::gate::common_setters!("fair", ", without braces (it is the pool's Redis hash tag)");
 
-    /// How long a key counts as asking for its share after it last asked: until the end
-    /// of the next activity period of this length (default 1 s; whole microseconds
+    /// How long a key counts as asking for its share after it last asked: at most until
+    /// the end of the next activity period of this length (default 1 s; whole microseconds
     /// between 1 ms and a day). Shorter periods follow changes of who is asking sooner;
     /// a key asking less often than once per period is sometimes left out of the count
     /// (its share is then larger for a while, and the others' smaller).

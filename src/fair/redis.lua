@@ -83,11 +83,19 @@ local in_previous = before == epoch
 local active = s1
 if not in_previous then active = active + weight end
 if s0 > active then active = s0 end
-if active > active_limit then active = active_limit end
-local share_t = fdiv(pool_t * active + weight - 1, weight)
-if share_t > max_share_t then share_t = max_share_t end
-if share_t < ceil_t then share_t = ceil_t end
-local share_cap = math.max(fdiv(pool_cap, 2), share_t)
+-- A key's share interval when the keys asking weigh `a`, and its cap at interval `t`.
+local function share_interval(a)
+  if a > active_limit then a = active_limit end
+  local t = fdiv(pool_t * a + weight - 1, weight)
+  if t > max_share_t then t = max_share_t end
+  if t < ceil_t then t = ceil_t end
+  return t
+end
+local function share_cap_at(t)
+  return math.max(fdiv(pool_cap, 2), t)
+end
+local share_t = share_interval(active)
+local share_cap = share_cap_at(share_t)
 
 local fc = k_ceil + ceil_t
 local fp = p_fill + pool_t
@@ -111,9 +119,25 @@ if ceil_ok and pool_ok and (share_ok or spare_ok) then
     math.max(by_share, by_spare))
   reply = { 1, 0, remaining, math.max(fc, k_share) }
 else
-  local share_wait = math.max(fs - share_cap, 0)
-  local spare_wait = fdiv(math.max(2 * fp - pool_cap, 0) + 1, 2)
-  local retry = math.max(fc - ceil_cap, fp - pool_cap, math.min(share_wait, spare_wait), 0)
+  -- The share's wait: the active weight only falls if nothing else happens (to what
+  -- asked in this period at the next, to the key alone from the one after), and the
+  -- share's interval with it; the earliest of the three periods' waits.
+  local next_start = ((epoch + 1) * period - now) * 1000
+  local starts = { 0, next_start, next_start + period * 1000 }
+  local actives = { active, s0, weight }
+  local share_wait
+  for i = 1, 3 do
+    local t = share_interval(actives[i])
+    local at = math.max(k_share + t - share_cap_at(t), 0, starts[i])
+    if share_wait == nil or at < share_wait then share_wait = at end
+    if i == 3 or at < starts[i + 1] then break end
+  end
+  local wait = share_wait
+  -- A pool whose one interval is more than half its burst (a burst of 1) never lends.
+  if 2 * pool_t <= pool_cap then
+    wait = math.min(wait, fdiv(math.max(2 * fp - pool_cap, 0) + 1, 2))
+  end
+  local retry = math.max(fc - ceil_cap, fp - pool_cap, wait, 0)
   reply = { 0, retry, 0, math.max(k_ceil, k_share) }
 end
 

@@ -16,8 +16,9 @@ const WEIGHT_SCALE: u128 = 1_000_000_000_000;
 
 /// A key's part of a [pool](super): a guaranteed rate it gets whenever it asks for it
 /// and the pool's guarantees fit, and a ceiling (a rate and a burst) it may borrow up to
-/// while the pool has capacity to spare. Spare capacity is shared among the keys asking for it in
-/// proportion to their guaranteed rates. See the [module docs](super).
+/// while the pool has capacity to spare (a pool of burst 1 never does). Spare capacity is
+/// shared among the keys asking for it in proportion to their guaranteed rates. See the
+/// [module docs](super).
 ///
 /// ```
 /// use tollgate::{fair::Share, Quota};
@@ -40,10 +41,12 @@ pub struct Share {
 }
 
 impl Share {
-    /// A share guaranteed `guaranteed` (its rate: the burst a key may send at its share is
-    /// its part of half the pool's burst) and capped at `ceiling` (its rate and burst). The
-    /// ceiling's rate must be at least the guaranteed one; the guaranteed rate must be at
-    /// least 0.001 per second.
+    /// A share guaranteed `guaranteed` and capped at `ceiling` (its rate and burst). Of
+    /// the guaranteed quota only the rate counts: it weighs the key in the sharing. The
+    /// burst a key may send at its share is its part of half the pool's burst (at least
+    /// one request), as the [module docs](super) say, not the guaranteed quota's burst.
+    /// The ceiling's rate must be at least the guaranteed one; the guaranteed rate must be
+    /// at least 0.001 per second.
     pub fn new(guaranteed: Quota, ceiling: Quota) -> Result<Self, ConfigError> {
         let g_t = nanos(guaranteed.emission_interval());
         let ceil_t = nanos(ceiling.emission_interval());
@@ -101,7 +104,7 @@ pub struct Pool {
     pub(crate) t: u64,
     pub(crate) cap: u64,
     /// The length of one activity period: a key counts as asking for its share for the
-    /// period it last asked in and the next.
+    /// period it last asked in and at most the next.
     pub(crate) period: u64,
 }
 
@@ -155,7 +158,8 @@ pub(crate) struct KeyState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FairDecision {
     pub(crate) admitted: bool,
-    /// A refusal's exact wait until every condition could hold again (ns).
+    /// A refusal's exact wait (ns): until the key would be admitted if no other request
+    /// came first.
     pub(crate) retry_after: u64,
     /// Requests the key could still send at once.
     pub(crate) remaining: u64,
@@ -177,6 +181,34 @@ pub(crate) fn share_interval(pool: &Pool, share: &Share, active: u64) -> u64 {
     let active = active.min(limit);
     let t = (u128::from(pool.t) * u128::from(active)).div_ceil(u128::from(share.weight));
     (t.min(u128::from(MAX_SHARE_INTERVAL)) as u64).max(share.ceil_t)
+}
+
+/// A key's share cap at share interval `t`: half the pool's burst (in time), so that the
+/// keys' share bursts together take at most the half of the pool that borrowing leaves,
+/// and at least one interval.
+fn share_cap(pool: &Pool, t: u64) -> u64 {
+    (pool.cap / 2).max(t)
+}
+
+/// How long until a refused key's share admits it if nothing else happens (ns), the
+/// share's fill being `fill` now. The weight counted as active can only fall meanwhile,
+/// and the share's interval with it: `active[0]` until the end of this activity period,
+/// `active[1]` (what asked in this period, the key included) in the next, `active[2]`
+/// (the key alone) from the one after. The wait is the earliest time one of them admits.
+fn share_wait(pool: &Pool, share: &Share, active: [u64; 3], fill: u64, now: u64) -> u64 {
+    let next = (now / pool.period + 1) * pool.period - now;
+    let starts = [0, next, next + pool.period, u64::MAX];
+    let mut wait = u64::MAX;
+    for (i, &a) in active.iter().enumerate() {
+        let t = share_interval(pool, share, a);
+        let at = (fill + t).saturating_sub(share_cap(pool, t)).max(starts[i]);
+        wait = wait.min(at);
+        // Later periods start after `at`: none admits sooner.
+        if at < starts[i + 1] {
+            break;
+        }
+    }
+    wait
 }
 
 /// Decides one request of one unit of a key of `share` at `now` (ns), updating both
@@ -207,9 +239,7 @@ pub(crate) fn decide(
     let in_previous = k.before == epoch;
     let active = p.sums[0].max(p.sums[1] + if in_previous { 0 } else { share.weight });
     let share_t = share_interval(pool, share, active);
-    // Half the pool's burst (in time) for every key: the keys' share bursts together
-    // take at most half the pool, the half that borrowing leaves.
-    let share_cap = (pool.cap / 2).max(share_t);
+    let share_cap = share_cap(pool, share_t);
 
     let fc = fill(k.ceil_tat, now) + share.ceil_t;
     let fp = fill(p.tat, now) + pool.t;
@@ -238,10 +268,22 @@ pub(crate) fn decide(
             reset_after: fc.max(fs),
         };
     }
-    let borrow_wait = (fs - share_cap.min(fs)).min((2 * fp - pool.cap.min(2 * fp)).div_ceil(2));
+    // A pool whose one interval is more than half its burst (a burst of 1) never lends.
+    let spare_wait = if 2 * pool.t > pool.cap {
+        u64::MAX
+    } else {
+        (2 * fp - pool.cap.min(2 * fp)).div_ceil(2)
+    };
+    let share_wait = share_wait(
+        pool,
+        share,
+        [active, p.sums[0], share.weight],
+        fill(k.share_tat, now),
+        now,
+    );
     let retry_after = (fc - share.ceil_cap.min(fc))
         .max(fp - pool.cap.min(fp))
-        .max(borrow_wait);
+        .max(share_wait.min(spare_wait));
     FairDecision {
         admitted: false,
         retry_after,
