@@ -1,21 +1,25 @@
-//! Seed 000's market-open thundering herd, scaled to one machine: `INSTANCES` limiter
-//! instances in one process (each with its own Redis connection) share one Redis; requests
-//! come from 1.4 M clients; the offered load is steady, then jumps 15x within 200 ms and
-//! holds. Each request is checked against its client's limit (200/s, burst 400: never
-//! binding, as in the story) and a global limit (the backend's capacity, 0.28 of the peak,
-//! as the story's 80 000 of 285 000). The load is open-loop: requests are sent on schedule
-//! whether or not earlier ones have been answered, so a slow limiter shows as latency.
+//! A market-open thundering herd, scaled to one machine: `INSTANCES` limiter instances in
+//! one process (each with its own Redis connection) share one Redis; requests come from
+//! 1.4 M clients; the offered load is steady, then jumps 15x within 200 ms and holds (an
+//! API at the market open: 285 000 requests per second against a backend that serves
+//! 80 000). Each request is checked against its client's limit (200/s, burst 400: never
+//! binding, the herd being many clients each within its limit) and a global limit (the
+//! backend's capacity, 0.28 of the peak). The load is open-loop: requests are sent on
+//! schedule whether or not earlier ones have been answered, so a slow limiter shows as
+//! latency.
 //!
 //! ```sh
 //! cargo bench --features redis --bench market_open    # starts its own redis-server
 //! ```
 //!
-//! Modes: every decision a Redis call, failing open past an 8 ms deadline (the story's
-//! setup); the same falling back to a local limiter at 1/N of each quota (tollgate's
-//! advice); both again with the concurrent calls of a connection batched into one script
-//! call (`.batching(..)`, the default); and local-first, deciding in memory
-//! and reconciling every 200 ms (the story's fix). Reported: the limiter's latency per request (both checks), Redis commands per
-//! second, and the admitted rate during the peak against the global limit.
+//! Modes: every decision a Redis call, failing open past an 8 ms deadline (the common
+//! setup, which lets requests through unchecked once Redis cannot keep up); the same
+//! falling back to a local limiter at 1/N of each quota (tollgate's advice); both again
+//! with the concurrent calls of a connection batched into one script call
+//! (`.batching(..)`, the default); and local-first, deciding in memory and reconciling
+//! every 200 ms (per-client state kept local). Reported: the limiter's latency per request
+//! (both checks), Redis commands per second, and the admitted rate during the peak against
+//! the global limit.
 //! `MARKET_STEADY`, `MARKET_PEAK`, `MARKET_INSTANCES` and `MARKET_MODES` (a comma-separated
 //! list of substrings of the mode names) override the defaults.
 
@@ -277,7 +281,7 @@ async fn main() {
     let n = env_u64("MARKET_INSTANCES", 4) as usize;
     let steady = env_u64("MARKET_STEADY", 1_000);
     let peak = env_u64("MARKET_PEAK", 15 * steady);
-    // The backend's capacity: 0.28 of the peak, as 80 000 of 285 000 in the story.
+    // The backend's capacity: 0.28 of the peak, as 80 000 requests per second of 285 000.
     let global = peak * 28 / 100;
     let only = std::env::var("MARKET_MODES").ok();
     println!(

@@ -1,4 +1,4 @@
-//! The founding articles' scenario, decided under a manual clock: a client idle for 5 s
+//! A burst after idle time, decided under a manual clock: a client idle for 5 s
 //! sends 200 requests in 100 ms against "100 per second", through a token bucket
 //! (burst 200), a strict leaky meter, and a leaky-bucket queue of 200.
 //!

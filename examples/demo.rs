@@ -20,7 +20,7 @@
 //!   the limit would have refused carries a `tollgate-shadow` header, and the handler says
 //!   so (it reads the `Decision` from the request's extensions)
 //! - `POST /login`:  a JSON body `{"user": "...", "password": "..."}`; the password
-//!   `correct horse` answers 200, any other 401. Failures are limited to 5 per 15 minutes
+//!   `correct horse` answers 200, any other 401. At most 5 failures in any 15 minutes
 //!   per user (the key is read from the body); successes are not counted
 //! - `POST /admin/unban/{user}`: forgets a user's failed logins (an admin route: put it
 //!   behind your own authentication)
@@ -238,14 +238,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .label("shadow")
         .build_with(stores.store("shadow", "5/s shadow")?)?;
 
-    // Failed logins: 5 per 15 minutes per user, the user read from the JSON body; a
+    // Failed logins: at most 5 in any 15 minutes per user (five tries given back one
+    // every 15 minutes), the user read from the JSON body; a
     // request is charged when admitted and refunded unless its answer is a 401, so
     // concurrent guesses cannot overrun the limit.
     let failed_logins = RateLimitLayer::builder()
         .key(JsonField::key())
         .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
         .label("login")
-        .build_with(stores.store("login", "5/15min")?)?;
+        .build_with(stores.store("login", "1/15min burst 5")?)?;
     let unban = {
         let failed_logins = failed_logins.clone();
         move |Path(user): Path<String>| async move {

@@ -72,7 +72,8 @@ impl LimitReport {
         self.allowed
     }
 
-    /// Units that could still be spent at once, without waiting, after this decision.
+    /// Units that could still be spent at once, without waiting, after this decision: for
+    /// a queue, its `nodelay` slots included, never the units that would wait.
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
@@ -82,7 +83,8 @@ impl LimitReport {
         Duration::from_nanos(self.reset_after)
     }
 
-    /// Time until one more unit becomes available; zero when the limit is full.
+    /// Time until one more unit can be spent at once ([`remaining`](Self::remaining) grows
+    /// by one); zero when the limit is full.
     pub fn next_after(&self) -> Duration {
         Duration::from_nanos(self.next_after)
     }

@@ -1,13 +1,13 @@
-//! The in-memory store through the public API: the founding articles' scenario under a
-//! manual clock, concurrency with the real clock, and bounded memory.
+//! The in-memory store through the public API: a burst after idle time under a manual
+//! clock, concurrency with the real clock, and bounded memory.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use tollgate::{clock::ManualClock, decision::Outcome, store::MemoryStore, Limit, Policy, Quota};
 
-/// The articles' step input: a client idle for 5 s sends 200 requests in 100 ms (one every
-/// 0.5 ms) against 100/s.
+/// A step input: a client idle for 5 s sends 200 requests in 100 ms (one every 0.5 ms)
+/// against 100/s.
 fn burst(store: &MemoryStore<&'static str, ManualClock>) -> Vec<tollgate::Decision> {
     let clock = store.clock().clone();
     clock.advance(Duration::from_secs(5));

@@ -28,9 +28,9 @@ fn retry_after(s: &Stats) -> Vec<(Option<u64>, usize)> {
     s.retry_after.iter().map(|(k, v)| (*k, *v)).collect()
 }
 
-/// Seed 000's two scenarios, measured: these are the counts in the README and the docs.
+/// The showcase's two scenarios, measured: these are the counts in the `algorithm` docs.
 #[tokio::test]
-async fn the_showcase_measures_seed_000s_scenarios() {
+async fn the_showcase_measures_a_burst_after_idle_and_a_sustained_overload() {
     let scenarios = sim::showcase();
     let labels: Vec<&str> = scenarios[0]
         .policies

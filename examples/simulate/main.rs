@@ -3,8 +3,9 @@
 //! policy did: a table, a CSV of the series, an SVG chart.
 //!
 //! ```sh
-//! # Seed 000's two scenarios against a token bucket, a leaky meter and a leaky queue:
-//! # prints the tables and writes docs/charts/*.svg (the charts in the README and the docs).
+//! # A burst after 5 s idle, and a sustained overload, against a token bucket, a leaky
+//! # meter and a leaky queue: prints the tables and writes docs/charts/*.svg (the charts
+//! # in the `algorithm` docs).
 //! cargo run --example simulate -- showcase [--out DIR]
 //!
 //! # Your traffic against your policies.
@@ -127,7 +128,7 @@ fn write(path: &std::path::Path, text: &str) -> Result<(), SimError> {
     Ok(())
 }
 
-/// The showcase: seed 000's scenarios, their tables printed and their charts written.
+/// The showcase: its two scenarios, their tables printed and their charts written.
 async fn showcase(out: PathBuf) -> Result<(), SimError> {
     for s in sim::showcase() {
         let report = sim::run_memory(&s.trace, &s.policies).await?;

@@ -167,10 +167,12 @@ impl Gcra {
         }
     }
 
-    /// The report for a bucket whose TAT is `fill` ahead of now.
+    /// The report for a bucket whose TAT is `fill` ahead of now. `remaining` counts the
+    /// units that would be served at once: up to `free` ahead of now (for a queue, its
+    /// `nodelay` slots included), not the queue's delayed ones.
     #[inline]
     fn report(&self, fill: u64, allowed: bool) -> LimitReport {
-        let room = self.tau + self.t;
+        let room = self.free;
         let left = room.saturating_sub(fill);
         // Skips the division (two 64x64-bit multiplications) when less than one unit is
         // left: every refusal of cost 1, which the branch keeps as cheap as an admission
@@ -183,7 +185,8 @@ impl Gcra {
         let next_after = if fill == 0 {
             0
         } else {
-            // remaining < burst whenever fill > 0, so (remaining + 1) * T <= room.
+            // `room` is a whole number of units and remaining < room / T whenever
+            // fill > 0, so (remaining + 1) * T <= room.
             fill - (room - (remaining + 1) * self.t)
         };
         LimitReport {

@@ -31,7 +31,7 @@ enum Check {
 /// any claims, so an unverified claim lets a client mint a new identity (and a fresh
 /// bucket) per request. [`BearerClaim::verified`] and [`BearerClaim::hs256`] check the
 /// signature, the algorithm, `exp` (required) and `nbf` with the well-kept
-/// [`jsonwebtoken`](jwt) crate; a token that fails gives no key, so forged tokens all
+/// [`jsonwebtoken`](https://docs.rs/jsonwebtoken) crate; a token that fails gives no key, so forged tokens all
 /// land in the layer's keyless bucket (`MissingKey::Shared`) or are refused
 /// (`MissingKey::Reject`). [`BearerClaim::unverified`] skips the check, for a layer
 /// placed inside an auth layer that already rejected bad tokens.

@@ -83,7 +83,7 @@ struct Seen;
 ///
 /// let failed_logins = RateLimitLayer::builder()
 ///     .key(JsonField::key())
-///     .policy("5/15min")
+///     .policy("1/15min burst 5")
 ///     .count_when(|res| res.status() == 401)
 ///     .build()?;
 /// let app: Router = Router::new().route(

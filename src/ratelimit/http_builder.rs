@@ -258,10 +258,10 @@ impl<X, C> Builder<X, C, Http> {
     /// use http::StatusCode;
     /// use tollgate::{key::HeaderKey, RateLimitLayer};
     ///
-    /// // 5 failed logins per 15 minutes per user; successes are not counted.
+    /// // At most 5 failed logins in any 15 minutes per user; successes are not counted.
     /// let failed_logins = RateLimitLayer::builder()
     ///     .key(HeaderKey::new("x-user")?)
-    ///     .policy("5/15min")
+    ///     .policy("1/15min burst 5")
     ///     .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
     ///     .build()?;
     /// # Ok::<(), tollgate::ConfigError>(())
@@ -276,8 +276,9 @@ impl<X, C> Builder<X, C, Http> {
     }
 
     /// Bans a key for `ban` once a counted response (see [`Builder::count_when`](crate::ratelimit::Builder::count_when)) takes
-    /// its last unit (fail2ban): after the 5th failed login of `5/15min`, say, the user is
-    /// refused for the whole ban instead of until one failure is forgotten. Every limit of
+    /// its last unit (fail2ban): after the 5th failed login within 15 minutes of
+    /// `1/15min burst 5`, say, the user is refused for the whole ban instead of until one
+    /// try comes back. Every limit of
     /// the layer's policies must be a token bucket, meter or queue (a window cannot hold a
     /// refusal past its end); `build` says so otherwise.
     ///
@@ -287,7 +288,7 @@ impl<X, C> Builder<X, C, Http> {
     ///
     /// let logins = RateLimitLayer::builder()
     ///     .key(HeaderKey::new("x-user")?)
-    ///     .policy("5/15min")
+    ///     .policy("1/15min burst 5")
     ///     .count_when(|res| res.status() == 401)
     ///     .ban(Duration::from_secs(3600)) // the 5th failure bans for an hour
     ///     .build()?;

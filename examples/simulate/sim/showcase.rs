@@ -1,4 +1,4 @@
-//! The showcase: seed 000's two scenarios, measured.
+//! The showcase: a burst after idle time and a sustained overload, measured.
 
 use super::{patterns::pattern, policies::Named, Arrival};
 
@@ -12,7 +12,7 @@ pub struct Scenario {
     pub policies: Vec<Named>,
 }
 
-/// The three policies of seed 000 at "100 per second": a token bucket with a burst of 200,
+/// Three readings of "100 per second": a token bucket with a burst of 200,
 /// a strict leaky meter, a leaky-bucket queue of 200.
 pub fn showcase_policies() -> Vec<Named> {
     [
@@ -28,7 +28,7 @@ pub fn showcase_policies() -> Vec<Named> {
     .collect()
 }
 
-/// Seed 000's scenarios: 5 s idle then 200 requests in 100 ms; 300 per second for 2 s.
+/// The scenarios: 5 s idle then 200 requests in 100 ms; 300 per second for 2 s.
 pub fn showcase() -> Vec<Scenario> {
     vec![
         Scenario {

@@ -229,8 +229,10 @@ impl RedisStore {
         self.inner.breaker.state()
     }
 
-    /// The Redis key holding `key`'s state, under every policy: `{namespace}:v3:{{#sha1}}`
-    /// where `sha1` is the SHA-1 of the key's [`KeyBytes`] in hex. With
+    /// The Redis key holding `key`'s state, under every policy: `<namespace>:v3:{#<sha1>}`,
+    /// the braces written as they are and `<sha1>` the SHA-1 of the key's [`KeyBytes`] in
+    /// hex (`myapp:v3:{#5fd4783125711c0c04c3fbff42b2cfdc8887a2df}` for `"203.0.113.7"`
+    /// under the namespace `myapp`). With
     /// [`readable_keys`](super::RedisBuilder::readable_keys), the
     /// material is the key's bytes themselves when they are at most 64 printable ASCII
     /// bytes (without `{`, `}`, `#`, space).

@@ -102,8 +102,9 @@ for j = 1, n do
 end
 
 -- GCRA ------------------------------------------------------------------------------
+-- remaining: the units served at once (up to `free` ahead of now), as gcra.rs reports.
 local function gcra_report(l, fill, a)
-  local room = l.tau + l.t
+  local room = l.free
   local rem = 0
   if room > fill then rem = idiv(room - fill, l.t) end
   local nxt = 0
