@@ -58,7 +58,8 @@ struct Browser {
 impl Browser {
     fn open(binary: &PathBuf, url: &str) -> Browser {
         use std::os::unix::process::CommandExt as _;
-        let profile = std::env::temp_dir().join(format!("tollgate-chromium-{}", std::process::id()));
+        let profile =
+            std::env::temp_dir().join(format!("tollgate-chromium-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
         let child = Command::new(binary)
             .args([
@@ -162,9 +163,14 @@ async fn a_page_on_another_origin_reads_the_fields_and_the_429() {
     let statuses: Vec<_> = seen.iter().map(|c| c["status"].as_u64()).collect();
     assert_eq!(statuses, [Some(200), Some(200), Some(429)], "{findings}");
     for (call, remaining) in seen.iter().zip(["r=1", "r=0", "r=0"]) {
-        let ratelimit = field(call, "ratelimit").unwrap_or_else(|| panic!("RateLimit unreadable: {call}"));
-        assert!(ratelimit.starts_with("\"2-per-1m\";") && ratelimit.contains(remaining), "{call}");
-        let policy = field(call, "policy").unwrap_or_else(|| panic!("RateLimit-Policy unreadable: {call}"));
+        let ratelimit =
+            field(call, "ratelimit").unwrap_or_else(|| panic!("RateLimit unreadable: {call}"));
+        assert!(
+            ratelimit.starts_with("\"2-per-1m\";") && ratelimit.contains(remaining),
+            "{call}"
+        );
+        let policy =
+            field(call, "policy").unwrap_or_else(|| panic!("RateLimit-Policy unreadable: {call}"));
         assert!(policy.contains("q=2;w=60"), "{call}");
     }
     let retry_after: u64 = field(&seen[2], "retry_after")
@@ -179,7 +185,10 @@ async fn a_page_on_another_origin_reads_the_fields_and_the_429() {
     assert_eq!(statuses, [Some(200), Some(200), Some(429)], "{findings}");
     for call in seen {
         for name in ["ratelimit", "policy", "retry_after"] {
-            assert!(call[name].is_null(), "{name} readable without being exposed: {call}");
+            assert!(
+                call[name].is_null(),
+                "{name} readable without being exposed: {call}"
+            );
         }
     }
 

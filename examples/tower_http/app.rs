@@ -115,7 +115,10 @@ async function probe(api) {
 
 /// The page's own origin: `GET /` serves `page`, `POST /report` hands the findings to
 /// `on_report`.
-pub(crate) fn site(page: String, on_report: impl Fn(String) + Clone + Send + Sync + 'static) -> Router {
+pub(crate) fn site(
+    page: String,
+    on_report: impl Fn(String) + Clone + Send + Sync + 'static,
+) -> Router {
     Router::new()
         .route(
             "/",
