@@ -61,6 +61,8 @@ impl Browser {
         let profile =
             std::env::temp_dir().join(format!("tollgate-chromium-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
+        std::fs::create_dir_all(&profile).expect("a profile directory");
+        let log = std::fs::File::create(profile.join("chromium.log")).expect("a log file");
         let child = Command::new(binary)
             .args([
                 "--headless",
@@ -77,11 +79,18 @@ impl Browser {
             .arg(url)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .process_group(0)
             .spawn()
             .expect("chromium starts");
         Browser { child, profile }
+    }
+
+    /// The end of what the browser wrote to stderr, to say why a page did not report.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.profile.join("chromium.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 }
 
@@ -151,11 +160,15 @@ async fn a_page_on_another_origin_reads_the_fields_and_the_429() {
     });
     tokio::spawn(async move { axum::serve(page_listener, site).await });
 
-    let _browser = Browser::open(&binary, &format!("http://{page_addr}/"));
-    let report = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-        .await
-        .expect("the page reported within 30 s")
-        .expect("a report");
+    let browser = Browser::open(&binary, &format!("http://{page_addr}/"));
+    let report = match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+        Ok(Some(report)) => report,
+        _ => panic!(
+            "the page did not report within 30 s; chromium said:\n{}",
+            browser.log_tail()
+        ),
+    };
+    drop(browser);
     let findings: Value = serde_json::from_str(&report).unwrap();
 
     // The example's stack: the script reads every field, and the 429 with Retry-After.
