@@ -40,6 +40,15 @@ impl<B> OwnBody for InFlightBody<B> {
     }
 }
 
+/// An empty body holding no slot: what a layer outside the middleware that answers by
+/// itself builds (tower-http's `CorsLayer` for a preflight, its `TimeoutLayer` for a
+/// timeout).
+impl<B> Default for InFlightBody<B> {
+    fn default() -> Self {
+        InFlightBody::full(Bytes::new())
+    }
+}
+
 impl<B: fmt::Debug> fmt::Debug for InFlightBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightBody")

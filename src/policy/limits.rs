@@ -311,18 +311,21 @@ impl Policy {
         self.eval(state, now, 0).0
     }
 
-    /// Charges `cost` units to every limit whatever they say (a request decided under
-    /// another policy, charged to the state this one wrote).
-    pub(crate) fn force(&self, state: &mut [u64], now: u64, cost: u64) {
+    /// Charges `cost` units to every limit without a check, whatever they say: a cost
+    /// settled above what was reserved ([`Store::settle`](crate::store::Store::settle)),
+    /// or a request decided under another policy charged to the state this one wrote. A
+    /// limit may go over; the key then waits it out.
+    pub fn charge(&self, state: &mut [u64], now: u64, cost: u64) {
         for (i, limit) in self.limits().iter().enumerate() {
             let off = self.inner.offsets[i] as usize;
             limit.force(&mut state[off..off + limit.params.words()], now, cost);
         }
     }
 
-    /// Refuses every enforced token-bucket-family limit until `ban` ns after `now` (a
-    /// ban after too many failures); windows and limits in shadow are left as they are.
-    pub(crate) fn ban(&self, state: &mut [u64], now: u64, ban: u64) {
+    /// Refuses every enforced token-bucket, meter or queue limit until `ban` ns after
+    /// `now` (a ban after too many failures: [`Store::ban`](crate::store::Store::ban));
+    /// windows and limits in shadow are left as they are.
+    pub fn ban(&self, state: &mut [u64], now: u64, ban: u64) {
         let shadow = self.shadow_mask();
         for (i, limit) in self.limits().iter().enumerate() {
             if shadow & (1 << i) != 0 {

@@ -44,6 +44,14 @@ impl<B> super::OwnBody for RateLimitBody<B> {
     }
 }
 
+/// An empty body: what a layer outside the middleware that answers by itself builds
+/// (tower-http's `CorsLayer` for a preflight, its `TimeoutLayer` for a timeout).
+impl<B> Default for RateLimitBody<B> {
+    fn default() -> Self {
+        RateLimitBody::full(Bytes::new())
+    }
+}
+
 impl<B: std::fmt::Debug> std::fmt::Debug for RateLimitBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {

@@ -1,5 +1,8 @@
 #![doc = include_str!("../docs/stores.md")]
 
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
 mod key_bytes;
 pub(crate) mod map;
 mod memory;
@@ -36,6 +39,10 @@ use crate::{decision::Decision, error::StoreError, policy::Policy, policy::Polic
 
 /// Where per-key state lives: decides for a key under a policy. See the
 /// [module docs](self).
+///
+/// Implement it for a backend of your own from [`Policy`]'s pure functions, and run
+/// `store::conformance::check` (feature `conformance`) on it: it must decide exactly as
+/// [`MemoryStore`] does ([your own store](self#your-own-store)).
 ///
 /// Every call names its policy: a layer picks one per request (plans) and swaps them while
 /// requests flow, and a key keeps one state across them (see [`crate::policy`]). The

@@ -300,7 +300,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         let (tag, owner, state, decision) = if let Some((t, p, mut s)) = newer {
             let d = policy.decide(&mut cx.own(t, &s, now), now, cost);
             if d.is_allowed() {
-                p.force(&mut s, now, cost);
+                p.charge(&mut s, now, cost);
             }
             (t, p, s, d)
         } else {
@@ -313,7 +313,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                     policy.report(&s, now)
                 }
                 Op::Force => {
-                    policy.force(&mut s, now, cost);
+                    policy.charge(&mut s, now, cost);
                     policy.report(&s, now)
                 }
                 Op::Ban => {
