@@ -207,6 +207,12 @@ impl<B> Flavour<Request<B>> for Http {
         Some(RequestHead::of(req).route())
     }
 
+    #[cfg(feature = "axum")]
+    fn matched_route<'r>(&self, req: &'r Request<B>) -> Option<&'r str> {
+        let route = req.extensions().get::<axum::extract::MatchedPath>()?;
+        Some(route.as_str())
+    }
+
     #[inline]
     fn choose<K: 'static>(
         &self,
