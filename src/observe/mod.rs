@@ -1,7 +1,8 @@
 //! What is observed of decisions: `tracing` events always, metrics through the `metrics`
-//! facade with the feature `metrics` (no exporter is chosen for you; see [`meters`]).
+//! facade with the feature `metrics` (no exporter is chosen for you; see [`handles`]).
 //! The metrics and events are listed in the observability guide.
 
+mod handles;
 mod meters;
 
 use std::{
@@ -13,10 +14,9 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-pub(crate) use self::meters::{
-    Bind, Count, Counted, Held, InFlightMetrics, PolicyMetrics, StoreMetrics, RATE_LIMIT_REQUESTS,
-};
-use self::meters::{DEGRADED, SCREENED};
+pub(crate) use self::handles::{Bind, Count, Held, RATE_LIMIT_REQUESTS};
+use self::handles::{DEGRADED, SCREENED};
+pub(crate) use self::meters::{Counted, InFlightMetrics, PolicyMetrics, StoreMetrics};
 use crate::decision::{Decision, Source};
 use crate::error::StoreError;
 use crate::key::KeyExtractor;
