@@ -84,6 +84,35 @@ async fn a_recorder_installed_after_the_layer_is_built_gets_its_decisions() {
     assert_eq!(of("tollgate_result=\"refused\""), 1.0, "{text}");
 }
 
+/// A recorder installed while requests already flow gets their counts after a bounded
+/// delay: a thread that found no recorder looks again once every 64 uses.
+#[tokio::test]
+async fn a_recorder_installed_while_requests_flow_misses_at_most_63_counts() {
+    let layer = RateLimitLayer::builder()
+        .policy("1000000/s")
+        .label("busy")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..10 {
+        assert_eq!(send(&app, "/").await, StatusCode::OK);
+    }
+    let rec = recorder();
+    let _in_force = metrics::set_default_local_recorder(&rec);
+    for _ in 0..200 {
+        assert_eq!(send(&app, "/").await, StatusCode::OK);
+    }
+    let text = rec.handle().render();
+    let admitted = sample(
+        &text,
+        "tollgate_rate_limit_requests_total",
+        &["tollgate_limiter=\"busy\"", "tollgate_result=\"admitted\""],
+    );
+    assert!((137.0..=200.0).contains(&admitted), "{admitted}");
+}
+
 /// Prometheus conventions in the exporter's default output: counters end in `_total`,
 /// histograms carry their unit.
 #[tokio::test]

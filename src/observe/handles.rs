@@ -4,11 +4,12 @@
 //!
 //! A handle is registered with the first recorder in force (the thread's local recorder,
 //! else the global one) when it is built or, if none was installed then, at its first use
-//! once one is: a recorder installed after the layers are built still gets everything.
-//! Until then each use looks for one (a thread-local read and an atomic load) and records
-//! nothing. The facade's no-op recorder cannot be told from another zero-sized recorder:
-//! with one of those, a counter or a histogram is registered for each use (never kept),
-//! and the gauges of things held (queued requests, leases) are not recorded.
+//! once one is: a recorder installed after the layers are built gets everything from then
+//! on. Until then uses record nothing, and a thread that found no recorder looks again
+//! only once every 64 uses (a look is a few dozen instructions; skipping one is a
+//! thread-local read): a recorder installed while requests flow misses at most the 63
+//! uses after it on each thread. A zero-sized recorder cannot be told from the facade's
+//! no-op one, and is taken for it.
 
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
@@ -146,20 +147,35 @@ impl<H: Handle> Lazy<H> {
             bound: OnceLock::new(),
         };
         if bind == Bind::Now {
-            lazy.bound();
+            lazy.find();
         }
         lazy
     }
 
-    /// The handle registered with a recorder, registering it now if one is in force.
+    /// The handle registered with a recorder, registering it now if one is in force (at
+    /// most once every [`RECHECK`] uses on a thread that found none).
     #[inline]
     fn bound(&self) -> Option<&H> {
         match self.bound.get() {
             Some(h) => Some(h),
-            None => self.find(),
+            None if SKIP.get() > 0 => {
+                SKIP.set(SKIP.get() - 1);
+                None
+            }
+            None => self.look(),
         }
     }
 
+    #[cold]
+    fn look(&self) -> Option<&H> {
+        let found = self.find();
+        if found.is_none() {
+            SKIP.set(RECHECK);
+        }
+        found
+    }
+
+    /// Registers the handle with the recorder in force, if there is one.
     #[cold]
     fn find(&self) -> Option<&H> {
         metrics::with_recorder(|r| {
@@ -170,28 +186,31 @@ impl<H: Handle> Lazy<H> {
         })
     }
 
-    /// `f` on the registered handle, or on one registered for this use with a
-    /// zero-sized recorder; told whether the handle was registered just now.
+    /// `f` on the registered handle, if there is one; told whether it was registered
+    /// just now.
     #[inline]
     fn with(&self, f: impl FnOnce(&H, bool)) {
         match self.bound.get() {
             Some(h) => f(h, false),
-            None => self.unbound(f),
+            None => {
+                if let Some(h) = self.bound() {
+                    f(h, true)
+                }
+            }
         }
     }
-
-    #[cold]
-    fn unbound(&self, f: impl FnOnce(&H, bool)) {
-        metrics::with_recorder(|r| {
-            if std::mem::size_of_val(r) == 0 {
-                f(&H::register(r, &self.key), false);
-            } else {
-                describe();
-                f(self.bound.get_or_init(|| H::register(r, &self.key)), true);
-            }
-        })
-    }
 }
+
+#[cfg(feature = "metrics")]
+thread_local! {
+    /// Uses left on this thread before an unregistered handle looks for a recorder again,
+    /// after a look found none.
+    static SKIP: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// How many uses an unregistered handle skips, on a thread, after finding no recorder.
+#[cfg(feature = "metrics")]
+const RECHECK: u8 = 63;
 
 /// A counter.
 #[derive(Debug)]
