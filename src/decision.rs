@@ -57,7 +57,7 @@ pub(crate) type NameTag = [u8; 6];
 
 /// The tag of the limit named `name`.
 pub(crate) fn name_tag(name: &str) -> NameTag {
-    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x6c69_6d69_74, 0x6e61_6d65);
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x006c_696d_6974, 0x6e61_6d65);
     h.write(name.as_bytes());
     let b = h.finish().to_le_bytes();
     [b[0], b[1], b[2], b[3], b[4], b[5]]

@@ -3,8 +3,8 @@
 
 mod support;
 
-use axum::{body::Body, routing::get, Extension, Router};
-use http::{Request, StatusCode};
+use axum::{routing::get, Extension, Router};
+use http::StatusCode;
 use support::FailingStore;
 use tollgate::key::{key_fn, Global, HeaderKey};
 use tollgate::store::OnStoreError;
@@ -14,16 +14,8 @@ use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 const TWO_LIMITS: &str = "second: 10/s burst 20, daily: 1000/day window";
 
 async fn get_ok(app: &Router, key: Option<&str>) -> StatusCode {
-    let mut req = Request::get("/");
-    if let Some(k) = key {
-        req = req.header("x-key", k);
-    }
-    let resp = app
-        .clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    resp.status()
+    let headers: Vec<(&str, &str)> = key.map(|k| ("x-key", k)).into_iter().collect();
+    support::status_of(app, "/", &headers).await
 }
 
 #[tokio::test]

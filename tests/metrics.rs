@@ -6,6 +6,8 @@
 //! request on it), so tests do not share one.
 #![cfg(feature = "metrics")]
 
+mod support;
+
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -40,13 +42,7 @@ fn app(label: &str, by_route: bool) -> Router {
 }
 
 async fn send(app: &Router, path: &str) -> StatusCode {
-    let req = Request::get(path).header("x-key", "k");
-    let resp = app
-        .clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    resp.status()
+    support::status_of(app, path, &[("x-key", "k")]).await
 }
 
 /// The value of the one sample of `name` whose labels include every `label="value"`.

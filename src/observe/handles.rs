@@ -265,6 +265,7 @@ impl Level {
     /// Adds `delta` (negative: takes away); a gauge registered just now starts from
     /// `total` instead, which counts what it missed.
     #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) fn add(&self, delta: f64, total: impl FnOnce() -> f64) {
         #[cfg(feature = "metrics")]
         self.lazy.with(|g, now| match now {

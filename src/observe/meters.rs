@@ -3,7 +3,9 @@
 //! and breaker; an in-flight limit's decisions and leases.
 
 use std::collections::HashMap;
-use std::sync::{PoisonError, RwLock};
+#[cfg(feature = "metrics")]
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use super::handles::{
     Bind, Count, Held, Level, Timing, ACTIVE_LEASES, BREAKER, ERRORS, EVICTIONS,
@@ -28,6 +30,8 @@ pub(crate) struct PolicyMetrics {
 }
 
 #[derive(Debug)]
+// The large variant is the common one, read in place on every request.
+#[allow(clippy::large_enum_variant)]
 enum Requests {
     Plain([Count; 4]),
     ByRoute(RouteCounts),
@@ -136,20 +140,20 @@ impl PolicyMetrics {
 /// circuit breaker of a network store.
 #[derive(Debug, Clone)]
 pub(crate) struct StoreMetrics {
-    #[cfg(feature = "metrics")]
-    inner: std::sync::Arc<StoreHandles>,
+    inner: Arc<StoreHandles>,
 }
 
-#[cfg(feature = "metrics")]
 #[derive(Debug)]
 struct StoreHandles {
     ok: Timing,
     failed: Timing,
     errors: [Count; 3],
     breaker: Level,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     keys: Level,
     /// The keys held, for a gauge registered after some were added.
-    held: std::sync::atomic::AtomicI64,
+    #[cfg(feature = "metrics")]
+    held: AtomicI64,
     evicted_fresh: Count,
     evicted_with_state: Count,
 }
@@ -169,35 +173,28 @@ impl StoreMetrics {
     /// Each kind's series are registered when it is built, the other kind's never (they
     /// are never used).
     fn of(label: &str, network: bool) -> Self {
-        #[cfg(feature = "metrics")]
-        {
-            let (net, mem) = if network {
-                (Bind::Now, Bind::FirstUse)
-            } else {
-                (Bind::FirstUse, Bind::Now)
-            };
-            let store = ("tollgate.store", label);
-            let duration =
-                |outcome| Timing::new(OPERATION, &[store, ("tollgate.outcome", outcome)], net);
-            let evictions = |state| Count::new(EVICTIONS, &[store, ("tollgate.state", state)], mem);
-            StoreMetrics {
-                inner: std::sync::Arc::new(StoreHandles {
-                    ok: duration("ok"),
-                    failed: duration("error"),
-                    errors: ["timeout", "circuit_open", "backend"]
-                        .map(|t| Count::new(ERRORS, &[store, ("error.type", t)], net)),
-                    breaker: Level::new(BREAKER, &[store], net),
-                    keys: Level::new(KEYS, &[store], mem),
-                    held: std::sync::atomic::AtomicI64::new(0),
-                    evicted_fresh: evictions("fresh"),
-                    evicted_with_state: evictions("with_state"),
-                }),
-            }
-        }
-        #[cfg(not(feature = "metrics"))]
-        {
-            let _ = (label, network);
-            StoreMetrics {}
+        let (net, mem) = if network {
+            (Bind::Now, Bind::FirstUse)
+        } else {
+            (Bind::FirstUse, Bind::Now)
+        };
+        let store = ("tollgate.store", label);
+        let duration =
+            |outcome| Timing::new(OPERATION, &[store, ("tollgate.outcome", outcome)], net);
+        let evictions = |state| Count::new(EVICTIONS, &[store, ("tollgate.state", state)], mem);
+        StoreMetrics {
+            inner: Arc::new(StoreHandles {
+                ok: duration("ok"),
+                failed: duration("error"),
+                errors: ["timeout", "circuit_open", "backend"]
+                    .map(|t| Count::new(ERRORS, &[store, ("error.type", t)], net)),
+                breaker: Level::new(BREAKER, &[store], net),
+                keys: Level::new(KEYS, &[store], mem),
+                #[cfg(feature = "metrics")]
+                held: AtomicI64::new(0),
+                evicted_fresh: evictions("fresh"),
+                evicted_with_state: evictions("with_state"),
+            }),
         }
     }
 
@@ -205,7 +202,6 @@ impl StoreMetrics {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[inline]
     pub(crate) fn operation(&self, seconds: f64, error: Option<&StoreError>) {
-        #[cfg(feature = "metrics")]
         match error {
             None => self.inner.ok.record(seconds),
             Some(e) => {
@@ -218,17 +214,12 @@ impl StoreMetrics {
                 self.inner.errors[i].add(1);
             }
         }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (seconds, error);
     }
 
     /// The breaker moved to `state` (0 closed, 1 half-open, 2 open).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn breaker(&self, state: u8) {
-        #[cfg(feature = "metrics")]
         self.inner.breaker.set(f64::from(state));
-        #[cfg(not(feature = "metrics"))]
-        let _ = state;
     }
 
     /// Keys added (positive) or removed.
@@ -236,8 +227,7 @@ impl StoreMetrics {
     pub(crate) fn keys(&self, delta: i64) {
         #[cfg(feature = "metrics")]
         {
-            use std::sync::atomic::Ordering::Relaxed;
-            let held = self.inner.held.fetch_add(delta, Relaxed) + delta;
+            let held = self.inner.held.fetch_add(delta, Ordering::Relaxed) + delta;
             self.inner.keys.add(delta as f64, || held as f64);
         }
         #[cfg(not(feature = "metrics"))]
@@ -246,11 +236,8 @@ impl StoreMetrics {
 
     /// Keys evicted: back to fresh (nothing lost), or still carrying state.
     pub(crate) fn evicted(&self, fresh: u64, with_state: u64) {
-        #[cfg(feature = "metrics")]
-        {
-            self.inner.evicted_fresh.add(fresh);
-            self.inner.evicted_with_state.add(with_state);
-        }
+        self.inner.evicted_fresh.add(fresh);
+        self.inner.evicted_with_state.add(with_state);
         self.keys(-((fresh + with_state) as i64));
     }
 }
