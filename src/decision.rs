@@ -5,7 +5,7 @@
 //! the time until the limit is fully restored and the time until one more unit is
 //! available (the IETF `RateLimit` field's `t`).
 
-use std::time::Duration;
+use std::{hash::Hasher, time::Duration};
 
 /// The most limits (quotas) one policy may combine.
 pub(crate) const MAX_LIMITS: usize = 4;
@@ -51,11 +51,26 @@ pub enum Source {
     FailClosed,
 }
 
-/// What one limit of a policy says about a request. See [`Decision::limits`].
+/// A limit's name as its reports carry it: 48 bits of a fixed hash of the name, which fit
+/// in a report's padding (a decision is copied with every request; a name is not).
+pub(crate) type NameTag = [u8; 6];
+
+/// The tag of the limit named `name`.
+pub(crate) fn name_tag(name: &str) -> NameTag {
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x006c_696d_6974, 0x6e61_6d65);
+    h.write(name.as_bytes());
+    let b = h.finish().to_le_bytes();
+    [b[0], b[1], b[2], b[3], b[4], b[5]]
+}
+
+/// What one limit of a policy says about a request. See [`Decision::limits`] and
+/// [`Decision::limit`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitReport {
     pub(crate) index: u8,
     pub(crate) allowed: bool,
+    /// The limit's name, as [`name_tag`] gives it.
+    pub(crate) name: NameTag,
     pub(crate) remaining: u64,
     pub(crate) reset_after: u64,
     pub(crate) next_after: u64,
@@ -128,11 +143,17 @@ impl Decision {
         }
     }
 
-    /// A single limit's decision; when the limit is in `shadow` (bit 0), a refusal is
-    /// let through (it charged nothing) and an admission does not wait.
+    /// A single limit's decision, its report carrying the limit's `name`; when the limit
+    /// is in `shadow` (bit 0), a refusal is let through (it charged nothing) and an
+    /// admission does not wait.
     #[inline]
-    pub(crate) fn single_in(outcome: Outcome, report: LimitReport, shadow: u8) -> Self {
-        let mut d = Self::single(outcome, report);
+    pub(crate) fn single_in(
+        outcome: Outcome,
+        report: LimitReport,
+        name: NameTag,
+        shadow: u8,
+    ) -> Self {
+        let mut d = Self::single(outcome, LimitReport { name, ..report });
         if shadow & 1 != 0 {
             if !matches!(outcome, Outcome::Allowed { .. }) {
                 d.shadow = shadow_code(Some(outcome));
@@ -161,7 +182,8 @@ impl Decision {
     }
 
     /// A decision made without any limit's state (a store failure handled by failing open
-    /// or closed): one report per limit of `policy` with nothing remaining.
+    /// or closed): one report per limit of a policy of `limits` limits, with nothing
+    /// remaining. Its reports carry no names ([`Decision::limit`] finds none).
     pub fn without_state(outcome: Outcome, source: Source, limits: usize) -> Self {
         let mut reports = [LimitReport::default(); MAX_LIMITS];
         let len = limits.clamp(1, MAX_LIMITS);
@@ -216,6 +238,28 @@ impl Decision {
     /// One report per limit of the policy, in policy order.
     pub fn limits(&self) -> &[LimitReport] {
         &self.limits[..self.len as usize]
+    }
+
+    /// The report of the limit named `name` (its [`Limit::named`](crate::Limit::named)
+    /// name, the item's name in `RateLimit-Policy`), the first if several share it; `None`
+    /// when no limit of the policy has that name.
+    ///
+    /// ```
+    /// use tollgate::{key::Global, RateLimitLayer, Policy};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+    /// let layer = RateLimitLayer::new(Global::new(), "second: 10/s burst 20, daily: 1000/day window".parse::<Policy>()?);
+    /// // What is left today, read without spending anything.
+    /// let now = layer.peek(()).await?;
+    /// assert_eq!(now.limit("daily").map(|l| l.remaining()), Some(1000));
+    /// assert!(now.limit("weekly").is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit(&self, name: &str) -> Option<&LimitReport> {
+        let tag = name_tag(name);
+        self.limits().iter().find(|l| l.name == tag)
     }
 
     /// The smallest remaining count over all limits.

@@ -55,6 +55,9 @@ pub enum ConfigError {
     InvalidPrefix(u8),
     /// A header name that is not a valid HTTP header name.
     InvalidHeaderName(String),
+    /// A key extractor that cannot work in this build (the message says why): a bearer
+    /// token's claim without a crypto provider to verify the token.
+    Key(String),
     /// A store setting that cannot work (the message says which).
     Store(String),
     /// A fair-sharing pool or share that cannot work (the message says which part).
@@ -112,6 +115,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidCidr(c) => write!(f, "invalid CIDR block {c:?}"),
             Self::InvalidPrefix(p) => write!(f, "invalid address prefix length /{p}"),
             Self::InvalidHeaderName(h) => write!(f, "invalid header name {h:?}"),
+            Self::Key(msg) => write!(f, "key extractor: {msg}"),
             Self::Store(msg) => write!(f, "store configuration: {msg}"),
             Self::Fair(msg) => write!(f, "fair sharing: {msg}"),
             Self::Percent(p) => write!(f, "{p} is not a percent in 0-100"),

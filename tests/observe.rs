@@ -5,7 +5,8 @@
 //!
 //! Metrics are read from a `metrics_util` `DebuggingRecorder` set as the thread's local
 //! recorder while a layer or store is built: the handles registered then keep pointing at
-//! it. A snapshot resets counters and gauges, so each test takes one, at its end.
+//! it; or for the whole test, for the series registered at their first use. A snapshot
+//! resets counters and gauges, so each test takes one, at its end.
 
 mod support;
 
@@ -238,6 +239,12 @@ mod recorded {
             metrics::with_local_recorder(&self.recorder, f)
         }
 
+        /// This recorder as the thread's until the guard drops: for handles registered at
+        /// their first use (a test on tokio's current-thread runtime runs on this thread).
+        pub(crate) fn in_force(&self) -> metrics::LocalRecorderGuard<'_> {
+            metrics::set_default_local_recorder(&self.recorder)
+        }
+
         /// Every series recorded so far (this resets counters and gauges).
         pub(crate) fn snapshot(&self) -> Snap {
             Snap(
@@ -330,17 +337,17 @@ mod recorded {
 use recorded::{labels, Recorder};
 
 #[cfg(feature = "metrics")]
-const REQUESTS: &str = "tollgate.rate_limit.requests";
+const REQUESTS: &str = "tollgate.rate_limit.requests_total";
 #[cfg(feature = "metrics")]
-const IN_QUEUE: &str = "tollgate.rate_limit.request.time_in_queue";
+const IN_QUEUE: &str = "tollgate.rate_limit.request.time_in_queue_seconds";
 #[cfg(feature = "metrics")]
-const DEGRADED: &str = "tollgate.rate_limit.degraded_decisions";
+const DEGRADED: &str = "tollgate.rate_limit.degraded_decisions_total";
 #[cfg(feature = "metrics")]
 const KEYS: &str = "tollgate.store.keys";
 #[cfg(feature = "metrics")]
-const EVICTIONS: &str = "tollgate.store.evictions";
+const EVICTIONS: &str = "tollgate.store.evictions_total";
 
-/// The four `tollgate.rate_limit.requests` series of one policy, by result.
+/// The four `tollgate.rate_limit.requests_total` series of one policy, by result.
 #[cfg(feature = "metrics")]
 fn requests_of(
     limiter: &str,
@@ -367,7 +374,8 @@ fn requests_of(
     .collect()
 }
 
-/// The four `tollgate.rate_limit.degraded_decisions` series of a limiter, by source.
+/// The `tollgate.rate_limit.degraded_decisions_total` series of a limiter, by source: those
+/// counted at least once (each is registered at its first count).
 #[cfg(feature = "metrics")]
 fn degraded_of(
     limiter: &str,
@@ -380,6 +388,7 @@ fn degraded_of(
         ("fail_closed", fail_closed),
     ]
     .into_iter()
+    .filter(|&(_, n)| n > 0)
     .map(|(source, n)| {
         (
             labels(&[("tollgate.limiter", limiter), ("tollgate.source", source)]),
@@ -663,7 +672,8 @@ fn evictions_are_counted_with_state_over_budget_and_fresh_once_back_to_fresh() {
 #[tokio::test]
 async fn fail_closed_store_errors_are_counted_as_degraded_decisions() {
     let rec = Recorder::new();
-    let app = rec.scope(|| app_on("closed", FailingStore, OnStoreError::FailClosed));
+    let _in_force = rec.in_force();
+    let app = app_on("closed", FailingStore, OnStoreError::FailClosed);
     for _ in 0..6 {
         assert_eq!(send(&app, "/", None).await, StatusCode::SERVICE_UNAVAILABLE);
     }
@@ -683,8 +693,9 @@ async fn fail_closed_store_errors_are_counted_as_degraded_decisions() {
 #[tokio::test]
 async fn fail_open_store_errors_are_counted_once_as_degraded_decisions() {
     let rec = Recorder::new();
+    let _in_force = rec.in_force();
     // Fail open is the default.
-    let app = rec.scope(|| app_on("open", FailingStore, OnStoreError::default()));
+    let app = app_on("open", FailingStore, OnStoreError::default());
     for _ in 0..6 {
         assert_eq!(send(&app, "/", None).await, StatusCode::OK);
     }
@@ -710,7 +721,8 @@ async fn admitting_decisions_a_store_made_without_its_backend_are_counted_by_sou
             outcome: admitted,
             source,
         };
-        let app = rec.scope(|| app_on("redis", store, OnStoreError::default()));
+        let _in_force = rec.in_force();
+        let app = app_on("redis", store, OnStoreError::default());
         for _ in 0..4 {
             assert_eq!(send(&app, "/", None).await, StatusCode::OK, "{source:?}");
         }
@@ -738,7 +750,8 @@ async fn refusing_decisions_a_store_made_without_its_backend_are_counted_by_sour
             outcome: refused,
             source,
         };
-        let app = rec.scope(|| app_on("redis", store, OnStoreError::default()));
+        let _in_force = rec.in_force();
+        let app = app_on("redis", store, OnStoreError::default());
         for _ in 0..4 {
             assert_eq!(
                 send(&app, "/", None).await,
@@ -782,6 +795,9 @@ async fn each_refusal_logs_one_info_event_with_label_policy_route_key_hash_and_r
                 line.contains(&format!(" retry_after_ms={retry_ms}")),
                 "{line}"
             );
+            // One field for one fact: the wait is said once, in ms.
+            assert_eq!(line.matches("retry_after").count(), 1, "{line}");
+            assert!(line.contains(" outcome=\"denied\""), "{line}");
         }
     }
     // The key appears as a hash: the same for every event of a key, distinct across keys.
@@ -796,6 +812,31 @@ async fn each_refusal_logs_one_info_event_with_label_policy_route_key_hash_and_r
             assert!(!line.contains(raw), "raw key in an event: {line}");
         }
     }
+}
+
+/// Regression: a refusal logged its wait twice (`retry_after_ms=19998` and
+/// `outcome=Denied { retry_after: 19.998129122s }`); a cost no limit can ever admit has no
+/// wait, and says so once.
+#[tokio::test]
+async fn a_refusal_of_a_cost_that_can_never_pass_logs_outcome_exceeds_and_no_wait() {
+    let store = MemoryStore::<Option<()>, _>::new("1/s".parse::<Policy>().unwrap())
+        .with_clock(ManualClock::at(NOW));
+    let layer = RateLimitLayer::builder()
+        .key(Global::new())
+        .policy("5/s")
+        .cost(|_: &Request<Body>| 6)
+        .label("big")
+        .build_with(store)
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (events, _guard) = Events::capture();
+    assert_eq!(send(&app, "/", None).await, StatusCode::TOO_MANY_REQUESTS);
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 1, "{info:#?}");
+    assert!(info[0].contains(" outcome=\"exceeds\""), "{}", info[0]);
+    assert!(!info[0].contains("retry_after"), "{}", info[0]);
 }
 
 #[tokio::test]
@@ -970,7 +1011,7 @@ async fn exempt_and_denied_requests_are_counted() {
     let snap = rec.snapshot();
     let screened = |result| {
         snap.counter(
-            "tollgate.rate_limit.screened",
+            "tollgate.rate_limit.screened_total",
             &[
                 ("tollgate.limiter", "screened"),
                 ("tollgate.result", result),
@@ -1031,7 +1072,7 @@ async fn in_flight_decisions_are_counted() {
     let snap = rec.snapshot();
     let count = |result| {
         snap.counter(
-            "tollgate.in_flight.requests",
+            "tollgate.in_flight.requests_total",
             &[("tollgate.limiter", "exports"), ("tollgate.result", result)],
         )
     };

@@ -191,6 +191,7 @@ impl Gcra {
         };
         LimitReport {
             index: 0,
+            name: Default::default(),
             allowed,
             remaining,
             reset_after: fill,

@@ -75,6 +75,7 @@ impl Window {
             let reset = if count > 0 { self.w - e } else { 0 };
             LimitReport {
                 index: 0,
+                name: Default::default(),
                 allowed,
                 remaining: self.limit.saturating_sub(count),
                 reset_after: reset,
@@ -166,6 +167,7 @@ impl Window {
             };
             LimitReport {
                 index: 0,
+                name: Default::default(),
                 allowed,
                 remaining,
                 reset_after,

@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use super::share::{FairDecision, Share};
 use crate::error::StoreError;
 use crate::gate::{store_failed, Verdict, Wording};
-use crate::observe::{outage, OncePerSecond};
+use crate::observe::{outage, Bind, Count, OncePerSecond, RATE_LIMIT_REQUESTS};
 use crate::options::OnStoreError;
 use crate::quota::Quota;
 use crate::response::{
@@ -37,9 +37,8 @@ pub(crate) struct FairReplies {
     body: Bytes,
     /// Store failures logged as a warning: the first of each second.
     failures: OncePerSecond,
-    /// `tollgate.rate_limit.requests` by result: admitted, refused.
-    #[cfg(feature = "metrics")]
-    requests: [metrics::Counter; 2],
+    /// `tollgate.rate_limit.requests_total` by result: admitted, refused.
+    requests: [Count; 2],
 }
 
 impl FairReplies {
@@ -56,17 +55,14 @@ impl FairReplies {
             &[label],
             Some(QUOTA_EXCEEDED),
         );
-        #[cfg(feature = "metrics")]
-        crate::observe::describe();
         FairReplies {
-            #[cfg(feature = "metrics")]
             requests: ["admitted", "refused"].map(|r| {
-                metrics::counter!(
-                    "tollgate.rate_limit.requests",
-                    "tollgate.limiter" => label.to_string(),
-                    "tollgate.policy" => "fair",
-                    "tollgate.result" => r
-                )
+                let labels = [
+                    ("tollgate.limiter", &**label),
+                    ("tollgate.policy", "fair"),
+                    ("tollgate.result", r),
+                ];
+                Count::new(RATE_LIMIT_REQUESTS, &labels, Bind::Now)
             }),
             label: Arc::clone(label),
             prefix,
@@ -77,9 +73,7 @@ impl FairReplies {
     }
 
     fn count(&self, admitted: bool) {
-        #[cfg(feature = "metrics")]
-        self.requests[usize::from(!admitted)].increment(1);
-        let _ = admitted;
+        self.requests[usize::from(!admitted)].add(1);
     }
 
     /// Adds the share's items to a response's `RateLimit-Policy` and `RateLimit`

@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use super::answer::{Generic, RequestSelect};
 use crate::cost::UnitCost;
+use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::Limiter;
@@ -71,6 +72,17 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
         St: Store<Option<K>>,
     {
         self.limiter.store.reset(&Some(key))
+    }
+
+    /// What `key` has left now, read without spending anything: the layer's fallback
+    /// policy's decision for a request of no cost (each limit's remaining units, by name
+    /// with [`Decision::limit`](crate::Decision::limit)).
+    pub fn peek<K>(&self, key: K) -> StoreFuture<Decision>
+    where
+        St: Store<Option<K>>,
+    {
+        let set = self.limiter.policies();
+        self.limiter.store.preview(&Some(key), set.fallback(), 0)
     }
 
     /// A handle that swaps this layer's policies while requests flow. See

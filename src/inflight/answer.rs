@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::store::{Acquired, Permit};
 use crate::gate::{store_failed, Verdict, Wording};
+use crate::observe::{Counted, InFlightMetrics};
 use crate::options::OnStoreError;
 use crate::response::{
     grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
@@ -41,18 +42,8 @@ pub(crate) struct InFlightReplies {
     remaining: Vec<HeaderValue>,
     /// The problem body of a refusal.
     body: Bytes,
-    /// `tollgate.in_flight.requests` by result: admitted, refused, fail_open, fail_closed.
-    #[cfg(feature = "metrics")]
-    requests: [metrics::Counter; 4],
-}
-
-/// What became of a request, for the metrics.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Counted {
-    Admitted = 0,
-    Refused = 1,
-    FailOpen = 2,
-    FailClosed = 3,
+    /// Its decisions, and the slots held now.
+    metrics: InFlightMetrics,
 }
 
 impl std::fmt::Debug for InFlightReplies {
@@ -64,14 +55,6 @@ impl std::fmt::Debug for InFlightReplies {
 }
 
 impl InFlightReplies {
-    /// Counts what became of a request (with the feature `metrics`).
-    #[inline]
-    pub(crate) fn count(&self, what: Counted) {
-        #[cfg(feature = "metrics")]
-        self.requests[what as usize].increment(1);
-        let _ = what;
-    }
-
     /// The replies of a limit named `label` (checked: see `CommonOptions::build`) of
     /// `max` requests in flight.
     pub(crate) fn new(label: &Arc<str>, max: u32) -> Self {
@@ -96,17 +79,8 @@ impl InFlightReplies {
             &[label],
             Some(QUOTA_EXCEEDED),
         );
-        #[cfg(feature = "metrics")]
-        crate::observe::describe();
         InFlightReplies {
-            #[cfg(feature = "metrics")]
-            requests: ["admitted", "refused", "fail_open", "fail_closed"].map(|r| {
-                metrics::counter!(
-                    "tollgate.in_flight.requests",
-                    "tollgate.limiter" => label.to_string(),
-                    "tollgate.result" => r
-                )
-            }),
+            metrics: InFlightMetrics::new(label),
             label: Arc::clone(label),
             policy: shared_value(policy),
             prefix,
@@ -172,22 +146,22 @@ pub(crate) fn settle<B>(
 ) -> Verdict<Slot> {
     match acquired {
         Acquired::Admitted { permit, remaining } => {
-            replies.count(Counted::Admitted);
+            replies.metrics.count(Counted::Admitted);
             Ok(Some(Slot {
-                permit,
+                permit: permit.leased(replies.metrics.lease()),
                 replies: Arc::clone(replies),
                 remaining,
             }))
         }
         Acquired::Full => {
-            replies.count(Counted::Refused);
+            replies.metrics.count(Counted::Refused);
             tracing::info!(target: "tollgate", limiter = %replies.label, "in-flight limit refused a request");
             Err(Box::new(replies.refusal(grpc::is_grpc(req.headers()))))
         }
         // The store logged the failure.
         Acquired::Failed(_) => {
             let verdict = store_failed(on_error, &WORDING, req);
-            replies.count(match verdict {
+            replies.metrics.count(match verdict {
                 Ok(_) => Counted::FailOpen,
                 Err(_) => Counted::FailClosed,
             });

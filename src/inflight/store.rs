@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::error::StoreError;
+use crate::observe::Held;
 
 /// Where the in-flight counts live: [`MemoryInFlight`](super::MemoryInFlight) (the
 /// default, one process) or, with the feature `redis`, `RedisInFlight` (shared by every
@@ -60,11 +61,23 @@ pub(crate) trait Release: Send + Sync + 'static {
 pub struct Permit {
     owner: Arc<dyn Release>,
     slot: u64,
+    /// The slot's place in the active-leases gauge, given back after the slot.
+    lease: Option<Held>,
 }
 
 impl Permit {
     pub(crate) fn new(owner: Arc<dyn Release>, slot: u64) -> Self {
-        Permit { owner, slot }
+        Permit {
+            owner,
+            slot,
+            lease: None,
+        }
+    }
+
+    /// The same permit, counted in the gauge of slots held until it drops.
+    pub(crate) fn leased(mut self, lease: Held) -> Self {
+        self.lease = Some(lease);
+        self
     }
 }
 

@@ -1,12 +1,13 @@
 //! [`BearerClaim`]: a claim of the bearer JWT (feature `jwt`).
 
-use std::{fmt, sync::Arc};
+use std::{fmt, panic::AssertUnwindSafe, sync::Arc};
 
 use http::{header::AUTHORIZATION, Request};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
 use super::KeyExtractor;
+use crate::error::ConfigError;
 
 /// The `jsonwebtoken` crate, whose key and validation types [`BearerClaim::verified`]
 /// takes (re-exported so that its version is always the one tollgate uses).
@@ -46,13 +47,29 @@ enum Check {
 /// when the token fails verification, or when the claim is missing, empty or of another
 /// type.
 ///
+/// # Crypto provider
+///
+/// Verifying needs one of `jsonwebtoken`'s crypto backends, which the app chooses:
+/// tollgate's feature `jwt-rust-crypto` (RustCrypto; its RSA comes from the `rsa` crate,
+/// whose advisory RUSTSEC-2023-0071 concerns private-key operations, not the public-key
+/// verification done here), or `jsonwebtoken`'s own `aws_lc_rs` or `rust_crypto` feature
+/// in the app's `Cargo.toml`, or a provider installed with
+/// [`CryptoProvider::install_default`](jwt::crypto::CryptoProvider::install_default)
+/// before the extractor is built. `jsonwebtoken` panics on every signature (in the app's
+/// own JWT code too) when it has none, or when both backends are enabled and none was
+/// installed: [`BearerClaim::verified`] and [`BearerClaim::hs256`] try the provider once
+/// and refuse to build with [`ConfigError::Key`] then, so no request ever meets the
+/// panic (`jsonwebtoken`'s message is still printed by the panic hook, and with
+/// `panic = "abort"` the process stops there, at start-up).
+///
 /// See the [module docs](super) for the other extractors.
 ///
 /// ```
 /// use tollgate::key::{jwt, BearerClaim, KeyExtractor};
 ///
+/// # if cfg!(not(feature = "jwt-rust-crypto")) { return Ok(()); }
 /// let secret = b"a secret shared with the issuer";
-/// let by_user = BearerClaim::hs256("sub", secret);
+/// let by_user = BearerClaim::hs256("sub", secret)?;
 ///
 /// let claims = serde_json::json!({ "sub": "alice", "exp": jwt::get_current_timestamp() + 600 });
 /// let token = jwt::encode(&jwt::Header::default(), &claims, &jwt::EncodingKey::from_secret(secret))?;
@@ -80,16 +97,35 @@ impl BearerClaim {
     /// Keys by the claim `name` (a top-level member of the payload) of tokens verified
     /// with `key` under `validation` (which names the accepted algorithms and time claims;
     /// see [`jwt::Validation`]).
-    pub fn verified(name: &str, key: DecodingKey, validation: Validation) -> Self {
-        Self {
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Key`] when `jsonwebtoken` has no usable crypto provider (see
+    /// [Crypto provider](Self#crypto-provider)).
+    pub fn verified(
+        name: &str,
+        key: DecodingKey,
+        validation: Validation,
+    ) -> Result<Self, ConfigError> {
+        let alg = validation
+            .algorithms
+            .first()
+            .copied()
+            .unwrap_or(Algorithm::HS256);
+        check_provider(&key, alg)?;
+        Ok(Self {
             claim: name.into(),
             check: Check::Verified(Arc::new((key, validation))),
-        }
+        })
     }
 
     /// Keys by the claim `name` of HS256 tokens signed with `secret`, requiring `exp` and
     /// checking `nbf` when present (60 s of leeway for clock skew).
-    pub fn hs256(name: &str, secret: &[u8]) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// As [`BearerClaim::verified`].
+    pub fn hs256(name: &str, secret: &[u8]) -> Result<Self, ConfigError> {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.validate_nbf = true;
         Self::verified(name, DecodingKey::from_secret(secret), validation)
@@ -128,6 +164,25 @@ impl BearerClaim {
     }
 }
 
+/// Tries `jsonwebtoken`'s crypto provider once, on a signature that cannot match. Its
+/// process default is the provider the app installed or, failing that, the one its
+/// features name, fixed at first use; with none of its backends, or both, that default
+/// panics on every signature. The panic is caught here, when the extractor is built.
+fn check_provider(key: &DecodingKey, alg: Algorithm) -> Result<(), ConfigError> {
+    let probe = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        jsonwebtoken::crypto::verify("", b"tollgate: a provider check", key, alg)
+    }));
+    probe.map(drop).map_err(|_| {
+        ConfigError::Key(
+            "jsonwebtoken has no usable crypto provider: enable tollgate's feature \
+             `jwt-rust-crypto`, or exactly one of jsonwebtoken's `rust_crypto` and \
+             `aws_lc_rs`, or install one with `CryptoProvider::install_default` before \
+             building the extractor"
+                .into(),
+        )
+    })
+}
+
 impl fmt::Debug for BearerClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BearerClaim")
@@ -145,7 +200,7 @@ impl<B> KeyExtractor<Request<B>> for BearerClaim {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "jwt-rust-crypto"))]
 mod tests {
     use jsonwebtoken::{encode, get_current_timestamp, EncodingKey, Header};
     use serde_json::json;
@@ -181,7 +236,7 @@ mod tests {
             SECRET,
         );
         let r = req(&format!("bearer  {t}"));
-        let get = |c| BearerClaim::hs256(c, SECRET).extract(&r);
+        let get = |c| BearerClaim::hs256(c, SECRET).unwrap().extract(&r);
         assert_eq!(get("sub").as_deref(), Some("u-1"));
         assert_eq!(get("n").as_deref(), Some("-12"));
         assert_eq!(get("big").as_deref(), Some("18446744073709551615"));
@@ -195,7 +250,7 @@ mod tests {
     /// mint a new identity (and bucket) per request.
     #[test]
     fn forged_expired_and_early_tokens_give_no_key() {
-        let sub = BearerClaim::hs256("sub", SECRET);
+        let sub = BearerClaim::hs256("sub", SECRET).unwrap();
         let good = signed(&json!({"sub":"x","exp":exp()}), SECRET);
         assert_eq!(
             sub.extract(&req(&format!("Bearer {good}"))).as_deref(),

@@ -50,6 +50,12 @@ pub(crate) trait Flavour<Req>: Prepare {
     fn settles(&self) -> bool;
     /// The route, for events.
     fn route<'r>(&self, req: &'r Req) -> Option<&'r str>;
+    /// The route template the request matched (axum's `MatchedPath`: a bounded set),
+    /// for the metrics counted by route.
+    fn matched_route<'r>(&self, req: &'r Req) -> Option<&'r str> {
+        let _ = req;
+        None
+    }
     /// The index in `set` of the policy the layer's selector picks for `req` and `key`.
     fn choose<K: 'static>(
         &self,

@@ -119,7 +119,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         if let Some(chooser) = &settings.chooser {
             chooser.check::<K>()?;
         }
-        let observe = Observe::new(settings.label);
+        let observe = Observe::new(settings.label, settings.route_metrics);
         let ban = settings.ban;
         let installed = Arc::new(prepare(&flavour, &observe, set, settings.names, |set| {
             check_ban(set, ban)?;
@@ -364,7 +364,7 @@ where
                 let open = Outcome::Allowed {
                     wait: Duration::ZERO,
                 };
-                let d = Decision::without_state(open, Source::FailOpen, at.policy.limits().len());
+                let d = at.policy.without_state(open, Source::FailOpen);
                 // Observed above, as the store failure it is.
                 self.respond(req, at, key, &d, true)
             }
@@ -395,7 +395,8 @@ where
             let name = at.installed.set.entry(at.index).name.as_deref();
             self.observe.decided(name, self.flavour.route(req), &key, d);
         }
-        at.installed.metrics[at.index].decided(d);
+        let metrics = &at.installed.metrics[at.index];
+        metrics.decided(d, || self.flavour.matched_route(req));
         let v = Verdict {
             decision: d,
             name: at.installed.set.entry(at.index).name.as_deref(),
@@ -430,9 +431,16 @@ where
                         }),
                     }
                 });
+                // Queued until the inner service has the request (the guard disarmed), or
+                // until its units go back (the guard dropped first): either way the
+                // closure drops, and with it the request's place in the queued gauge.
                 let refund = (!wait.is_zero()).then(|| {
                     let (me, policy, cost) = (Arc::clone(self), at.policy.clone(), at.cost);
-                    RefundGuard::new(move || me.store.refund(&key, &policy, cost))
+                    let queued = metrics.queued();
+                    RefundGuard::new(move || {
+                        drop(queued);
+                        me.store.refund(&key, &policy, cost)
+                    })
                 });
                 Next::Proceed {
                     wait,

@@ -31,6 +31,8 @@ pub(crate) struct Settings {
     pub(crate) ban: Option<Duration>,
     /// The selector of a policy per request, when one was given.
     pub(crate) chooser: Option<Chooser>,
+    /// Whether decisions are counted by matched route too.
+    pub(crate) route_metrics: bool,
 }
 
 impl Default for Settings {
@@ -49,6 +51,7 @@ impl Default for Settings {
             deny_keys: None,
             ban: None,
             chooser: None,
+            route_metrics: false,
         }
     }
 }

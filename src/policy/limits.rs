@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::algorithm::{Enforcement, Gcra, Limit, Params, MAX_WORDS};
-use crate::decision::{Decision, LimitReport, Outcome, MAX_LIMITS};
+use crate::decision::{name_tag, Decision, LimitReport, NameTag, Outcome, Source, MAX_LIMITS};
 use crate::error::ConfigError;
 
 /// One or more limits that must all admit a request. See the [module docs](super).
@@ -26,6 +26,8 @@ pub struct Policy {
 struct Inner {
     limits: Vec<Limit>,
     offsets: [u8; MAX_LIMITS],
+    /// The limits' names as their reports carry them.
+    names: [NameTag; MAX_LIMITS],
     words: usize,
     fingerprint: u64,
     /// A store's tag for this policy, cached: `store id << 32 | tag` (0: none yet).
@@ -68,9 +70,11 @@ impl Policy {
             return Err(ConfigError::TooManyLimits(limits.len()));
         }
         let mut offsets = [0u8; MAX_LIMITS];
+        let mut names = [NameTag::default(); MAX_LIMITS];
         let mut words = 0;
         for (i, l) in limits.iter().enumerate() {
             offsets[i] = words as u8;
+            names[i] = name_tag(l.name());
             words += l.params.words();
         }
         let mut shadow = 0;
@@ -101,6 +105,7 @@ impl Policy {
                 fingerprint: fingerprint(&limits),
                 limits,
                 offsets,
+                names,
                 words,
                 tag: AtomicU64::new(0),
                 shadow,
@@ -154,6 +159,21 @@ impl Policy {
     #[inline]
     pub(crate) fn shadow_mask(&self) -> u8 {
         self.inner.shadow
+    }
+
+    /// The name of limit `i` as its reports carry it.
+    #[inline]
+    pub(crate) fn name_tag(&self, i: usize) -> NameTag {
+        self.inner.names[i]
+    }
+
+    /// [`Decision::without_state`] for this policy, its reports named after its limits.
+    pub(crate) fn without_state(&self, outcome: Outcome, source: Source) -> Decision {
+        let mut d = Decision::without_state(outcome, source, self.limits().len());
+        for (r, name) in d.limits.iter_mut().zip(self.inner.names) {
+            r.name = name;
+        }
+        d
     }
 
     /// This policy as it applies to the key whose rollout hash is `key_hash`: every limit
@@ -233,6 +253,7 @@ impl Policy {
             let s = self.slice(state, i);
             let (o, n, mut r) = limit.eval(s, now, cost);
             r.index = i as u8;
+            r.name = self.inner.names[i];
             reports[i] = r;
             let off = self.inner.offsets[i] as usize;
             let k = limit.params.words();
@@ -268,6 +289,7 @@ impl Policy {
                 if reports[i].allowed {
                     reports[i] = LimitReport {
                         index: i as u8,
+                        name: self.inner.names[i],
                         ..limit.eval(self.slice(state, i), now, 0).2
                     };
                 }

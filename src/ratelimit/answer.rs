@@ -207,6 +207,12 @@ impl<B> Flavour<Request<B>> for Http {
         Some(RequestHead::of(req).route())
     }
 
+    #[cfg(feature = "axum")]
+    fn matched_route<'r>(&self, req: &'r Request<B>) -> Option<&'r str> {
+        let route = req.extensions().get::<axum::extract::MatchedPath>()?;
+        Some(route.as_str())
+    }
+
     // Out of line: the common path, without a selector, stays small.
     #[inline(never)]
     fn choose<K: 'static>(

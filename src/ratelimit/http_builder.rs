@@ -146,6 +146,17 @@ impl<X, C> Builder<X, C, Http> {
         self
     }
 
+    /// Counts the layer's decisions (`tollgate.rate_limit.requests_total`) by the route
+    /// the request matched, in the attribute `tollgate.route`: axum's `MatchedPath` (a
+    /// template such as `/users/{id}`, never a raw path), `unmatched` without one (a
+    /// fallback), `other` past 256 distinct routes. Off by default. See the crate docs'
+    /// [Metrics](crate#metrics).
+    #[cfg(feature = "axum")]
+    pub fn route_metrics(mut self, on: bool) -> Self {
+        self.settings.route_metrics = on;
+        self
+    }
+
     /// Names a response header that tells, on a request a shadow limit would have refused,
     /// which limits and when they would have let it through (`"free";r=0;t=3`). Off by
     /// default: shadow limits are invisible to clients.

@@ -8,6 +8,7 @@ use tower_layer::Layer;
 
 use super::{answer::Http, builder::Builder};
 use crate::cost::UnitCost;
+use crate::decision::Decision;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::policy::{PolicyHandle, PolicySet};
@@ -76,6 +77,21 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
         St: Store<Option<K>>,
     {
         self.limiter.store.reset(&Some(key.into()))
+    }
+
+    /// What `key` has left now, read without spending anything: the layer's fallback
+    /// policy's decision for a request of no cost (each limit's remaining units, by name
+    /// with [`Decision::limit`](crate::Decision::limit)). `key` is what the extractor gives
+    /// (a header value, a user id; `()` for [`Global`](crate::key::Global)).
+    pub fn peek<K>(&self, key: impl Into<K>) -> StoreFuture<Decision>
+    where
+        X: KeyExtractor<Request<()>, Key = K>,
+        St: Store<Option<K>>,
+    {
+        let set = self.limiter.policies();
+        self.limiter
+            .store
+            .preview(&Some(key.into()), set.fallback(), 0)
     }
 
     /// A handle that swaps this layer's policies while requests flow. See

@@ -168,7 +168,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                         .map(|e| g.charge(&e.2, now, cost))
                 };
                 if let Some((outcome, report)) = found {
-                    return Decision::single_in(outcome, report, cx.shadow);
+                    return Decision::single_in(outcome, report, cx.policy.name_tag(0), cx.shadow);
                 }
             }
             (None, Op::Check) => {

@@ -20,6 +20,21 @@ pub async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
+/// The status `app` answers a `GET path` with, sending the headers `headers`.
+pub async fn status_of(app: &Router, path: &str, headers: &[(&str, &str)]) -> http::StatusCode {
+    use tower::ServiceExt;
+    let mut req = http::Request::get(path);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = app
+        .clone()
+        .oneshot(req.body(axum::body::Body::empty()).unwrap())
+        .await
+        .unwrap();
+    resp.status()
+}
+
 /// A plain HTTP client.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()

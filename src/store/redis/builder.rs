@@ -135,7 +135,7 @@ impl RedisBuilder<ForRedisStore> {
                 conn,
                 names: KeyNames::new(&common.namespace, KEYS, self.own.readable_keys),
                 policy: self.own.policy,
-                metrics: StoreMetrics::new(&common.namespace),
+                metrics: StoreMetrics::network(&common.namespace),
                 deadline: common.deadline,
                 breaker: common.breaker(clock.clone()),
                 failure: self.own.failure,

@@ -286,7 +286,8 @@ pub(super) fn decode_decision(
             return Err(bad_reply("fast GCRA outcome disagrees with the client"));
         }
         return Ok(
-            Decision::single_in(outcome, report, policy.shadow_mask()).with_source(Source::Store)
+            Decision::single_in(outcome, report, policy.name_tag(0), policy.shadow_mask())
+                .with_source(Source::Store),
         );
     }
     let n = policy.limits().len();
@@ -317,6 +318,7 @@ pub(super) fn decode_decision(
         }
         *r = LimitReport {
             index: i as u8,
+            name: policy.name_tag(i),
             allowed: f[2] == 1,
             remaining: nn(f[3])?,
             reset_after: nn(f[4])?,

@@ -162,20 +162,18 @@ impl Shared {
         } else {
             tracing::debug!(target: "tollgate::redis", error = %e, policy = ?self.failure, "Redis call failed: failure policy decides");
         }
-        let n = policy.limits().len();
         let open = || {
-            Decision::without_state(
+            policy.without_state(
                 Outcome::Allowed {
                     wait: Duration::ZERO,
                 },
                 Source::FailOpen,
-                n,
             )
         };
         match self.failure {
             FailurePolicy::FailOpen => open(),
             FailurePolicy::FailClosed { retry_after } => {
-                Decision::without_state(Outcome::Denied { retry_after }, Source::FailClosed, n)
+                policy.without_state(Outcome::Denied { retry_after }, Source::FailClosed)
             }
             FailurePolicy::LocalFallback { .. } => match &self.fallback {
                 Some((fb, share)) => {

@@ -1,0 +1,251 @@
+//! What is observed of decisions: `tracing` events always, metrics through the `metrics`
+//! facade with the feature `metrics` (no exporter is chosen for you; see [`handles`]).
+//! The metrics and events are listed in the observability guide.
+
+mod handles;
+mod meters;
+
+use std::{
+    hash::{Hash, Hasher},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+pub(crate) use self::handles::{Bind, Count, Held, RATE_LIMIT_REQUESTS};
+use self::handles::{DEGRADED, SCREENED};
+pub(crate) use self::meters::{Counted, InFlightMetrics, PolicyMetrics, StoreMetrics};
+use crate::decision::{Decision, Source};
+use crate::error::StoreError;
+use crate::key::KeyExtractor;
+use crate::options::{MissingKey, OnStoreError};
+
+/// A layer's observer: its label and its rate of warnings.
+#[derive(Debug)]
+pub(crate) struct Observe {
+    label: Arc<str>,
+    warned: OncePerSecond,
+    /// Whether the layer counts its decisions by matched route.
+    by_route: bool,
+    /// Decisions made without the store's backend, by source (registered at the first:
+    /// a store that never fails never shows them).
+    degraded: [Count; 4],
+    /// Requests exempted, and requests denied, by the layer's lists and skip rule.
+    screened: [Count; 2],
+}
+
+/// An outage event: `WARN` for the first of each second counted by `$once` (a
+/// [`OncePerSecond`](crate::limiter::OncePerSecond) of the layer or store), `DEBUG` for the
+/// others, so that an outage does not log every request.
+macro_rules! outage {
+    ($once:expr, $target:literal, $($event:tt)+) => {
+        if $once.first($crate::observe::unix_secs()) {
+            tracing::warn!(target: $target, $($event)+)
+        } else {
+            tracing::debug!(target: $target, $($event)+)
+        }
+    };
+}
+pub(crate) use outage;
+
+pub(crate) fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn policy_label(name: Option<&str>) -> &str {
+    name.unwrap_or("default")
+}
+
+impl Observe {
+    /// The observer of the layer labelled `label`, counting its decisions by matched
+    /// route when `by_route`.
+    pub(crate) fn new(label: Arc<str>, by_route: bool) -> Self {
+        let l = ("tollgate.limiter", &*label);
+        Observe {
+            degraded: ["negative_cache", "fallback", "fail_open", "fail_closed"]
+                .map(|s| Count::new(DEGRADED, &[l, ("tollgate.source", s)], Bind::FirstUse)),
+            screened: ["exempt", "denied"]
+                .map(|s| Count::new(SCREENED, &[l, ("tollgate.result", s)], Bind::Now)),
+            by_route,
+            label,
+            warned: OncePerSecond::default(),
+        }
+    }
+
+    /// A request exempt from the limit (skipped, or on an allow list).
+    #[inline]
+    pub(crate) fn exempt(&self) {
+        self.screened[0].add(1);
+    }
+
+    /// A request on a deny list.
+    pub(crate) fn denied(&self, route: Option<&str>) {
+        self.screened[1].add(1);
+        tracing::debug!(target: "tollgate", limiter = %self.label, route, "request denied by a deny list");
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The metrics of one policy of the layer's set.
+    pub(crate) fn policy(&self, name: Option<&str>) -> PolicyMetrics {
+        PolicyMetrics::new(&self.label, policy_label(name), self.by_route)
+    }
+
+    /// A decision other than a plain admission: a refusal, a request a limit in shadow
+    /// would have refused, or a decision a store made without its backend or from its
+    /// negative cache. Those made without the backend are logged as an outage is (at most
+    /// one warning a second), not one event per request.
+    #[cold]
+    pub(crate) fn decided<K: Hash>(
+        &self,
+        policy: Option<&str>,
+        route: Option<&str>,
+        key: &K,
+        d: &Decision,
+    ) {
+        match d.source() {
+            Source::Fallback | Source::FailOpen | Source::FailClosed => {
+                self.degraded(policy, route, d)
+            }
+            source => {
+                if source == Source::NegativeCache {
+                    self.degraded[0].add(1);
+                }
+                if !d.is_allowed() || d.shadowed() {
+                    self.refused(policy, route, key, d);
+                }
+            }
+        }
+    }
+
+    /// A refusal, or a request a shadow limit would have refused. The key's hash and the
+    /// fields are computed only when a subscriber wants the event. Each fact is one field:
+    /// a refusal's `outcome` (`denied`, or `exceeds`: a cost no limit can ever admit) and,
+    /// for a denial, its wait in `retry_after_ms`.
+    fn refused<K: Hash>(&self, policy: Option<&str>, route: Option<&str>, key: &K, d: &Decision) {
+        let retry_after_ms = || d.retry_after().map(|r| r.as_millis() as u64);
+        if d.shadowed() {
+            tracing::info!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                key = %format_args!("{:016x}", key_hash(key)),
+                retry_after_ms = retry_after_ms(),
+                "a shadow rate limit would have refused this request (let through)"
+            );
+        } else {
+            tracing::info!(
+                target: "tollgate",
+                limiter = %self.label,
+                policy = policy_label(policy),
+                route,
+                key = %format_args!("{:016x}", key_hash(key)),
+                outcome = if d.retry_after().is_some() { "denied" } else { "exceeds" },
+                retry_after_ms = retry_after_ms(),
+                "rate limit refused a request"
+            );
+        }
+    }
+
+    /// A store call failed; the layer's `OnStoreError` decides.
+    pub(crate) fn store_failed(
+        &self,
+        policy: Option<&str>,
+        route: Option<&str>,
+        error: &StoreError,
+        then: OnStoreError,
+    ) {
+        self.degraded[if then == OnStoreError::FailOpen { 2 } else { 3 }].add(1);
+        outage!(
+            self.warned,
+            "tollgate",
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route,
+            %error,
+            then = ?then,
+            "rate-limit store failed"
+        );
+    }
+
+    /// A decision a store made without its backend.
+    fn degraded(&self, policy: Option<&str>, route: Option<&str>, d: &Decision) {
+        let source = d.source();
+        self.degraded[match source {
+            Source::Fallback => 1,
+            Source::FailOpen => 2,
+            _ => 3,
+        }]
+        .add(1);
+        outage!(
+            self.warned,
+            "tollgate",
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route,
+            ?source,
+            admitted = d.is_allowed(),
+            retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
+            "rate-limit store unavailable: decided without it"
+        );
+    }
+}
+
+/// A stable hash of a key: for events (keys never appear as they are) and for choosing
+/// the keys a partly enforced limit applies to (the same choice in every process).
+pub(crate) fn key_hash<K: Hash + ?Sized>(key: &K) -> u64 {
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x6b65_7973);
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Counts refusals in a window of one second: the first store failure of each second is
+/// logged at `warn`, the others at `debug` (an outage would otherwise log every request).
+#[derive(Debug, Default)]
+pub(crate) struct OncePerSecond(AtomicU64);
+
+impl OncePerSecond {
+    /// Whether this is the first call in the current second of `now_secs`.
+    pub(crate) fn first(&self, now_secs: u64) -> bool {
+        self.0.swap(now_secs, Ordering::Relaxed) != now_secs
+    }
+}
+
+/// A layer's one warning about keyless requests whose extractor says why (the server is
+/// not set up to give it what it needs: no connection address, no matched route), since
+/// such a setup quietly puts every client into one bucket. Shared by every layer kind.
+#[derive(Debug, Default)]
+pub(crate) struct KeylessWarning(AtomicBool);
+
+impl KeylessWarning {
+    #[cold]
+    pub(crate) fn keyless<Req, X: KeyExtractor<Req>>(
+        &self,
+        key: &X,
+        req: &Req,
+        label: &str,
+        missing: MissingKey,
+        kind: &str,
+    ) {
+        if self.0.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(why) = key.misconfiguration(req) {
+            if !self.0.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "tollgate",
+                    limiter = %label,
+                    missing_key = ?missing,
+                    "{kind} key missing: {why} (logged once per layer)"
+                );
+            }
+        }
+    }
+}
