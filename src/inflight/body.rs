@@ -45,7 +45,7 @@ impl<B> OwnBody for InFlightBody<B> {
 /// timeout).
 impl<B> Default for InFlightBody<B> {
     fn default() -> Self {
-        InFlightBody::full(Bytes::new())
+        InFlightBody::own(Bytes::new())
     }
 }
 
