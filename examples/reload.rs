@@ -16,8 +16,15 @@
 //! the new set with `layer.policy_handle().swap_text(..)`. Every key keeps its state: a
 //! key that spent its 5 of `free = 5/min` and then sees `free = 20/min` has 15 left, not
 //! a fresh 20 (see "How a key keeps its state across policies" in the `policy` module
-//! docs). A file that does not parse is reported with the line at fault, and the set in
-//! force stays until the file is fixed.
+//! docs). A file that does not parse, or is not UTF-8, is reported (the line at fault, the
+//! text quoted cut short) and the set in force stays until the file is fixed. Parsing and
+//! installing run on a blocking thread, in time linear in the file's size (300,000
+//! policies take about a second), so requests are served meanwhile.
+//!
+//! Replace the file atomically: write the new version beside it and rename it over the old
+//! one (`mv policies.txt.new policies.txt`; most editors save this way). A file rewritten in
+//! place can be read half-written, and a half that parses (the first 40 of 100 policies,
+//! say) would be installed.
 
 use std::io;
 use std::net::SocketAddr;
@@ -78,12 +85,27 @@ struct Reloads {
     last_error: Option<String>,
 }
 
+/// The most policy names a reload lists.
+const LISTED: usize = 5;
+
+/// A set's names for a log line: the first few, and how many there are.
+fn names(set: &PolicySet) -> String {
+    let count = set.names().count();
+    let mut shown: Vec<&str> = set.names().take(LISTED).collect();
+    if count > LISTED {
+        shown.push("...");
+    }
+    let noun = if count == 1 { "policy" } else { "policies" };
+    format!("{count} {noun}: {}", shown.join(", "))
+}
+
 /// Polls `path` and installs its policies whenever its content differs from `seen` (the
-/// text in force). A text the handle refuses is reported once and the set in force stays;
-/// fixing the file applies it. Every outcome is also published on `report`.
+/// content in force). A content the handle refuses (or that is not UTF-8) is reported once
+/// and the set in force stays; fixing the file applies it. Every outcome is also published
+/// on `report`.
 fn watch_file(
     path: PathBuf,
-    mut seen: String,
+    mut seen: Vec<u8>,
     handle: PolicyHandle,
     report: watch::Sender<Reloads>,
 ) -> JoinHandle<()> {
@@ -115,31 +137,49 @@ fn watch_file(
                 continue;
             }
             stamp = Some(now);
-            let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            let Ok(bytes) = tokio::fs::read(&path).await else {
                 continue;
             };
-            if text == seen {
+            if bytes == seen {
                 continue;
             }
-            match handle.swap_text(&text) {
-                Ok(()) => {
-                    let set = handle.current();
-                    let names: Vec<_> = set.names().collect();
-                    println!("{}: reloaded ({})", path.display(), names.join(", "));
-                    report.send_modify(|r| r.applied += 1);
+            // Parsing a large file takes a while: off the runtime's threads.
+            let install = handle.clone();
+            let parsed = tokio::task::spawn_blocking(move || {
+                let outcome = match std::str::from_utf8(&bytes) {
+                    Ok(text) => install.swap_text(text).map_err(|e| e.to_string()),
+                    Err(e) => Err(format!(
+                        "not UTF-8 (byte {} is not valid)",
+                        e.valid_up_to() + 1
+                    )),
+                };
+                (bytes, outcome)
+            })
+            .await;
+            match parsed {
+                Ok((bytes, outcome)) => {
+                    // Either way, not read again until it changes.
+                    seen = bytes;
+                    match outcome {
+                        Ok(()) => {
+                            let set = handle.current();
+                            println!("{}: reloaded ({})", path.display(), names(&set));
+                            report.send_modify(|r| r.applied += 1);
+                        }
+                        Err(error) => {
+                            eprintln!(
+                                "{}: not reloaded, the policies in force stay: {error}",
+                                path.display()
+                            );
+                            report.send_modify(|r| {
+                                r.refused += 1;
+                                r.last_error = Some(error);
+                            });
+                        }
+                    }
                 }
-                Err(e) => {
-                    eprintln!(
-                        "{}: not reloaded, the policies in force stay: {e}",
-                        path.display()
-                    );
-                    report.send_modify(|r| {
-                        r.refused += 1;
-                        r.last_error = Some(e.to_string());
-                    });
-                }
+                Err(e) => eprintln!("{}: the reload task failed: {e}", path.display()),
             }
-            seen = text;
         }
     })
 }
@@ -166,7 +206,7 @@ async fn start(
     let set = PolicySet::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let (app, handle) = app(set)?;
     let (report, reloads) = watch::channel(Reloads::default());
-    watch_file(path, text, handle.clone(), report);
+    watch_file(path, text.into_bytes(), handle.clone(), report);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -236,7 +276,7 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
     // 20 per minute, the same key: the 5 units it spent stay spent, so 15 pass, not 20.
     // (The refill of 20/min is one unit per 3 s: the requests take milliseconds.)
     std::fs::write(&path, "free = 20/min\n")?;
-    let r = handled(&mut reloads, 1).await?;
+    let r = handled(&mut reloads, 1, WAIT).await?;
     assert_eq!((r.applied, r.refused), (1, 0));
     let twenty = PolicySet::from_text("free = 20/min")?;
     assert_eq!(handle.current(), twenty);
@@ -247,7 +287,7 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
 
     // A file that does not parse: refused, the error names its line, 20/min stays.
     std::fs::write(&path, "free = 20/mni\n")?;
-    let r = handled(&mut reloads, 2).await?;
+    let r = handled(&mut reloads, 2, WAIT).await?;
     assert_eq!((r.applied, r.refused), (1, 1));
     let error = r.last_error.unwrap_or_default();
     assert!(error.starts_with("line 1:"), "{error}");
@@ -261,6 +301,41 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
         "the key's state is still the 20/min one, spent"
     );
     assert_eq!(kept, after);
+
+    // A file that is not UTF-8: refused and said so, 20/min stays.
+    std::fs::write(&path, b"free = 30/min\n\xff\n")?;
+    let r = handled(&mut reloads, 3, WAIT).await?;
+    assert_eq!((r.applied, r.refused), (1, 2));
+    let error = r.last_error.unwrap_or_default();
+    assert_eq!(error, "not UTF-8 (byte 15 is not valid)");
+    assert_eq!(handle.current(), twenty);
+    println!("not UTF-8:     refused ({error})");
+
+    // One line of 10 MB that does not parse: the error quotes it cut short.
+    std::fs::write(&path, format!("free = {}", "9".repeat(10 << 20)))?;
+    let r = handled(&mut reloads, 4, WAIT).await?;
+    assert_eq!((r.applied, r.refused), (1, 3));
+    let error = r.last_error.unwrap_or_default();
+    assert!(
+        error.len() < 400,
+        "{} bytes: {}",
+        error.len(),
+        &error[..400]
+    );
+    assert!(error.contains("... (10485760 bytes)"), "{error}");
+    assert_eq!(handle.current(), twenty);
+    println!("10 MB line:    refused ({} bytes of error)", error.len());
+
+    // 300,000 policies: read and installed in seconds (checking each name against every
+    // earlier one took minutes), `free` still the fallback.
+    let many: String = (0..300_000).map(|i| format!("p{i} = 5/s\n")).collect();
+    std::fs::write(&path, format!("free = 20/min\n{many}"))?;
+    let r = handled(&mut reloads, 5, Duration::from_secs(60)).await?;
+    assert_eq!((r.applied, r.refused), (2, 3));
+    assert_eq!(handle.current().names().count(), 300_001);
+    let (_, policy) = send(&client, &url, 1).await?;
+    println!("300,001 policies: RateLimit-Policy: {policy}");
+    assert_eq!(policy, after);
 
     println!("selftest ok");
     Ok(())
@@ -287,14 +362,19 @@ async fn send(
     Ok((codes, policy))
 }
 
-/// Waits until the watcher has handled its `n`th change (applied or refused), at most 5 s.
+/// How long the self-test waits for the watcher to handle a small change.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until the watcher has handled its `n`th change (applied or refused), at most
+/// `wait`.
 async fn handled(
     reloads: &mut watch::Receiver<Reloads>,
     n: u64,
+    wait: Duration,
 ) -> Result<Reloads, Box<dyn std::error::Error>> {
-    let wait = reloads.wait_for(|r| r.applied + r.refused >= n);
-    let r = tokio::time::timeout(Duration::from_secs(5), wait)
+    let change = reloads.wait_for(|r| r.applied + r.refused >= n);
+    let r = tokio::time::timeout(wait, change)
         .await
-        .map_err(|_| format!("change {n} not picked up within 5 s"))??;
+        .map_err(|_| format!("change {n} not picked up within {wait:?}"))??;
     Ok(r.clone())
 }

@@ -156,3 +156,108 @@ async fn peer_ip_groups_ipv6_by_prefix() {
         "IPv4 per address"
     );
 }
+
+#[tokio::test]
+async fn single_value_headers_are_believed_only_from_trusted_proxies() {
+    for (header, name) in [
+        (ForwardedHeader::XRealIp, "x-real-ip"),
+        (ForwardedHeader::CfConnectingIp, "cf-connecting-ip"),
+        (ForwardedHeader::TrueClientIp, "true-client-ip"),
+        (ForwardedHeader::FlyClientIp, "fly-client-ip"),
+        (ForwardedHeader::FastlyClientIp, "fastly-client-ip"),
+    ] {
+        let key = || ClientIp::trusting(["10.0.0.0/8"]).unwrap().header(header);
+        // From the trusted proxy: one client per address.
+        let proxied = app(key(), "10.0.0.1:443");
+        assert_eq!(status(&proxied, &[(name, "203.0.113.5")]).await, 200);
+        assert_eq!(
+            status(&proxied, &[(name, "203.0.113.6")]).await,
+            200,
+            "{name}"
+        );
+        assert_eq!(
+            status(&proxied, &[(name, "203.0.113.5")]).await,
+            429,
+            "{name}"
+        );
+        // A client connecting directly cannot pick a new key with the header.
+        let direct = app(key(), "198.51.100.7:5000");
+        assert_eq!(status(&direct, &[(name, "1.1.1.1")]).await, 200);
+        assert_eq!(status(&direct, &[(name, "2.2.2.2")]).await, 429, "{name}");
+        // Nor with the list headers, which this extractor does not read.
+        assert_eq!(
+            status(
+                &proxied,
+                &[(name, "203.0.113.5"), ("x-forwarded-for", "4.4.4.4")]
+            )
+            .await,
+            429,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_single_value_header_is_treated_as_absent() {
+    let key = ClientIp::trusting(["10.0.0.0/8"])
+        .unwrap()
+        .header(ForwardedHeader::XRealIp);
+    let app = app(key, "10.0.0.1:443");
+    // No header: the proxy itself is the key; every malformed value shares it.
+    assert_eq!(status(&app, &[]).await, 200);
+    for bad in [
+        &[("x-real-ip", "203.0.113.5, 203.0.113.6")][..],
+        &[("x-real-ip", "unknown")],
+        &[("x-real-ip", "")],
+        &[("x-real-ip", "203.0.113.5"), ("x-real-ip", "203.0.113.6")],
+    ] {
+        assert_eq!(status(&app, bad).await, 429, "{bad:?}");
+    }
+    assert_eq!(status(&app, &[("x-real-ip", "203.0.113.5")]).await, 200);
+}
+
+#[tokio::test]
+async fn a_hop_count_ignores_what_the_client_prepends() {
+    // A CDN and a load balancer, addresses unknown: the client is 2 entries from the right.
+    let app = app(ClientIp::trusting_hops(2), "192.0.2.1:443");
+    let via = |spoof: &str, client: &str| format!("{spoof}{client}, 198.51.100.9");
+    assert_eq!(
+        status(&app, &[("x-forwarded-for", &via("", "203.0.113.5"))]).await,
+        200
+    );
+    // A new fake entry on the left per request: still the same client.
+    for spoof in ["1.1.1.1, ", "2.2.2.2, 3.3.3.3, ", "garbage, "] {
+        assert_eq!(
+            status(&app, &[("x-forwarded-for", &via(spoof, "203.0.113.5"))]).await,
+            429,
+            "{spoof}"
+        );
+    }
+    assert_eq!(
+        status(
+            &app,
+            &[("x-forwarded-for", &via("1.1.1.1, ", "203.0.113.6"))]
+        )
+        .await,
+        200,
+        "another client"
+    );
+    // A header the proxies' entries cannot be read from: the last proxy that wrote one.
+    assert_eq!(
+        status(
+            &app,
+            &[("x-forwarded-for", "203.0.113.7, bad, 198.51.100.9")]
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        status(
+            &app,
+            &[("x-forwarded-for", "203.0.113.8, bad, 198.51.100.9")]
+        )
+        .await,
+        429,
+        "the same hop, 198.51.100.9"
+    );
+}

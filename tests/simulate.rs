@@ -411,3 +411,150 @@ fn patterns_are_what_they_say() {
 fn retry_after_secs(wait: std::time::Duration) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
+
+/// A label of 65,536 characters or more made the table's `format!` width panic; labels are
+/// now cut to 48 characters in the table.
+#[tokio::test]
+async fn a_huge_label_is_cut_in_the_table() {
+    let trace = sim::parse_trace("0,a\n0.5,a\n", sim::Format::Csv).unwrap();
+    let mut named = sim::policy_arg("1/s").unwrap();
+    named.label = format!("{}tail", "x".repeat(70_000));
+    let short = sim::policy_arg("1/s meter").unwrap();
+    let report = sim::run_memory(&trace, &[named, short]).await.unwrap();
+    let table = report.table();
+    let cut = format!("{}...", "x".repeat(45));
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(rows[1].starts_with(&format!("{cut}  ")), "{}", rows[1]);
+    assert!(
+        rows[2].starts_with(&format!("1/s meter{}  ", " ".repeat(39))),
+        "{}",
+        rows[2]
+    );
+    assert!(table.len() < 2_000, "{table}");
+}
+
+/// An error quoted a whole field, however long (100 MB of one); it now quotes 64 bytes and
+/// says how long the field was.
+#[test]
+fn errors_quote_a_huge_field_cut_short() {
+    let huge = "x".repeat(1 << 20);
+    let csv = |text: &str| {
+        sim::parse_trace(text, sim::Format::Csv)
+            .unwrap_err()
+            .to_string()
+    };
+    let cut = format!("\"{}\"... (1048576 bytes)", "x".repeat(64));
+    assert_eq!(
+        csv(&format!("0,a\n1,a,{huge}\n")),
+        format!("line 2: cost {cut} is not a whole number")
+    );
+    assert_eq!(
+        csv(&format!("0,a\n{huge},a\n")),
+        format!("line 2: time {cut} is not a number such as 1.25")
+    );
+    let zeros = format!("{}1", "0".repeat(1 << 20));
+    assert_eq!(
+        csv(&format!("2,a\n{zeros},a\n")),
+        format!(
+            "line 2: time {}... (1048577 bytes) is before the previous 2",
+            "0".repeat(64)
+        )
+    );
+    let jsonl = sim::parse_trace(
+        &format!("{{\"time\": 0, \"key\": [\"{huge}\"]}}\n"),
+        sim::Format::JsonLines,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(jsonl.len() < 200, "{}", &jsonl[..200]);
+    assert!(
+        jsonl.ends_with("... (1048580 bytes) is not a string"),
+        "{jsonl}"
+    );
+    let policy = sim::policy_arg(&format!("10/s {huge}"))
+        .unwrap_err()
+        .to_string();
+    assert!(policy.len() < 600, "{}", &policy[..600]);
+    assert!(policy.starts_with("policy \"10/s xxxx"), "{policy}");
+    let pattern = sim::pattern(&format!("overload:rate={huge}"))
+        .unwrap_err()
+        .to_string();
+    assert!(pattern.len() < 200, "{}", &pattern[..200]);
+}
+
+/// A first line that did not parse was taken for a header, and a one-line trace with a
+/// typo reported "no requests"; only `time,key[,cost]` is a header now, and any other bad
+/// first line is named.
+#[test]
+fn a_bad_first_line_is_named_not_taken_for_a_header() {
+    let csv = |text: &str| sim::parse_trace(text, sim::Format::Csv).map(|t| t.len());
+    let err = |text: &str| csv(text).unwrap_err().to_string();
+    assert_eq!(
+        err("1.5s,alice\n"),
+        "line 1: time \"1.5s\" is not a number such as 1.25"
+    );
+    assert_eq!(
+        err("t,user\n1,alice\n"),
+        "line 1: time \"t\" is not a number such as 1.25"
+    );
+    assert_eq!(
+        err("1.2.3,alice\n2,bob\n"),
+        "line 1: time \"1.2.3\" is not a number such as 1.25"
+    );
+    assert_eq!(csv("Time, Key, Cost\n1,alice\n"), Ok(1));
+    assert_eq!(csv("time,key\n1,alice\n2,bob,3\n"), Ok(2));
+    assert_eq!(err("time,key\n"), "the trace has no requests");
+    // Only the first line may be a header.
+    assert_eq!(
+        err("1,alice\ntime,key\n"),
+        "line 2: time \"time\" is not a number such as 1.25"
+    );
+}
+
+/// Two arrivals 1.8e10 s apart overflowed the clock (trace time zero sits at 2027, and the
+/// clock counts nanoseconds in 64 bits): a panic in a debug build, and wrong decisions in
+/// a release build, where the time wrapped around to 1970. A time later than the replay
+/// can place on the clock is now refused, naming its line; the latest one is decided right.
+#[tokio::test]
+async fn a_time_past_the_clock_is_refused_and_the_latest_is_decided_right() {
+    let err = sim::parse_trace("0,a\n18000000000,a\n", sim::Format::Csv)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "line 2: time 18000000000 is later than a trace can reach (2811714818 s, about 89 years)"
+    );
+    let past = sim::parse_trace("2811714818.427387905,a\n", sim::Format::Csv);
+    assert!(past
+        .unwrap_err()
+        .to_string()
+        .starts_with("line 1: time 2811714818.427387905 is later"));
+    let err = sim::pattern("idle-burst:idle=18000000000s")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("pattern idle-burst: idle: time 18000000000s is later"),
+        "{err}"
+    );
+
+    // The latest time, two days after the second pair: decided as at the start.
+    let trace = sim::parse_trace(
+        "0,a\n0,a\n2811542018,a\n2811542018,a\n2811714818.427387904,a\n2811714818.427387904,a\n",
+        sim::Format::Csv,
+    )
+    .unwrap();
+    let policies = [
+        sim::policy_arg("1/day").unwrap(),
+        sim::policy_arg("queue 1/day 1").unwrap(),
+    ];
+    let r = sim::run_memory(&trace, &policies).await.unwrap();
+    let fates = sim::replay_memory(&policies[0].policy, &trace)
+        .await
+        .unwrap();
+    let admitted: Vec<bool> = fates
+        .iter()
+        .map(|f| matches!(f, Fate::Admitted { .. }))
+        .collect();
+    assert_eq!(admitted, [true, false, true, false, true, false]);
+    assert_eq!((r.stats[1].admitted, r.stats[1].delayed), (6, 3));
+}

@@ -18,10 +18,12 @@
 //! # Traffic
 //!
 //! - `--trace FILE`: CSV (`time,key,cost` per line; time in seconds since the trace's
-//!   start, such as `1.250`; cost optional, default 1; an optional header line; `#`
-//!   comments) or JSON lines when the file ends in `.jsonl`, `.ndjson` or `.json`
-//!   (`{"time": 1.25, "key": "alice", "cost": 2}`). Times must not go backwards and costs
-//!   must be whole numbers not below zero: an error names the line.
+//!   start, such as `1.250`; cost optional, default 1; an optional first line
+//!   `time,key,cost` or `time,key`; `#` comments) or JSON lines when the file ends in
+//!   `.jsonl`, `.ndjson` or `.json` (`{"time": 1.25, "key": "alice", "cost": 2}`). Times
+//!   must not go backwards nor past about 89 years (the clock counts nanoseconds in 64
+//!   bits), and costs must be whole numbers not below zero: an error names the line and
+//!   quotes at most 64 bytes of the field.
 //! - `--pattern SPEC`: a built-in pattern, `name` or `name:k=v,k=v`:
 //!   `idle-burst` (idle=5s n=200 over=100ms), `overload` (rate=300 for=2s), `sawtooth`
 //!   (peak=300 period=1s for=4s), `on-off` (rate=300 on=500ms off=1s for=4s), `zipf`
@@ -107,7 +109,10 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, SimError> 
             "--title" => args.title = Some(value("--title")?),
             "--redis" => args.redis = Some(value("--redis")?),
             "-h" | "--help" => return Err(SimError::new("")),
-            other => return Err(SimError::new(format!("unexpected argument {other:?}"))),
+            other => {
+                let other = sim::quoted(other);
+                return Err(SimError::new(format!("unexpected argument {other}")));
+            }
         }
     }
     Ok(args)

@@ -18,6 +18,13 @@ const MAX_HEADER_BYTES: usize = 8 * 1024;
 
 /// Which forwarding header [`ClientIp`] reads.
 ///
+/// Two kinds: **lists** that every proxy appends to (`X-Forwarded-For`, `Forwarded`), walked
+/// from the right; and **single-value** headers that one proxy or CDN sets to the address
+/// it saw (`X-Real-IP`, `CF-Connecting-IP`, ...). A single-value header is read only when
+/// the peer is trusted, and must occur exactly once and hold one address (a port is
+/// allowed, as in `X-Forwarded-For`); otherwise it is treated as absent and the key is the
+/// peer. The proxy that sets it must replace whatever the client sent under that name.
+///
 /// See the [module docs](super).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -28,26 +35,56 @@ pub enum ForwardedHeader {
     /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`: the `for=` parameter of
     /// each element.
     Forwarded,
+    /// `X-Real-IP` (nginx's `proxy_set_header X-Real-IP $remote_addr`): single-value.
+    XRealIp,
+    /// `CF-Connecting-IP` (Cloudflare): single-value.
+    CfConnectingIp,
+    /// `True-Client-IP` (Cloudflare Enterprise, Akamai): single-value.
+    TrueClientIp,
+    /// `Fly-Client-IP` (Fly.io): single-value.
+    FlyClientIp,
+    /// `Fastly-Client-IP` (Fastly): single-value.
+    FastlyClientIp,
 }
 
 impl ForwardedHeader {
     fn name(self) -> HeaderName {
-        match self {
-            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            Self::Forwarded => header::FORWARDED,
-        }
+        HeaderName::from_static(match self {
+            Self::XForwardedFor => "x-forwarded-for",
+            Self::Forwarded => return header::FORWARDED,
+            Self::XRealIp => "x-real-ip",
+            Self::CfConnectingIp => "cf-connecting-ip",
+            Self::TrueClientIp => "true-client-ip",
+            Self::FlyClientIp => "fly-client-ip",
+            Self::FastlyClientIp => "fastly-client-ip",
+        })
+    }
+
+    /// Whether the header holds one address rather than a list.
+    fn single(self) -> bool {
+        !matches!(self, Self::XForwardedFor | Self::Forwarded)
     }
 
     fn hop(self, entry: &[u8]) -> Hop {
         match self {
-            Self::XForwardedFor => xff_hop(entry),
             Self::Forwarded => forwarded_hop(entry),
+            _ => xff_hop(entry),
         }
     }
 }
 
+/// Which addresses [`ClientIp`] treats as its proxies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Trust {
+    /// Addresses in these blocks.
+    Blocks(Arc<[Cidr]>),
+    /// The peer and the addresses after it, this many in all, whatever they are.
+    Hops(usize),
+}
+
 /// Keys requests by the client's IP address when the app runs behind reverse proxies
-/// (load balancers, CDNs) whose addresses you list.
+/// (load balancers, CDNs): those whose addresses you list ([`ClientIp::trusting`]), or a
+/// known number of them whatever their addresses ([`ClientIp::trusting_hops`]).
 ///
 /// The key is an [`IpAddr`], grouped like [`PeerIp`]'s (IPv6 by a /56 prefix by default,
 /// see [`ClientIp::ipv6_prefix`]; IPv4-mapped IPv6 as IPv4).
@@ -61,9 +98,12 @@ impl ForwardedHeader {
 ///    every byte of it.
 /// 3. Otherwise walk the header's entries **from the right** (all occurrences of the
 ///    header, in order, as if joined with commas), skipping entries that are trusted
-///    proxies. The first address that is not a trusted proxy is the client: it is what the
-///    outermost trusted proxy saw as its peer. If every entry is trusted, the leftmost one
-///    is the client.
+///    proxies: with [`trusting`](ClientIp::trusting), addresses in the listed blocks;
+///    with [`trusting_hops(n)`](ClientIp::trusting_hops), the peer and the `n - 1`
+///    entries nearest it. The first address that is not a trusted proxy is the client:
+///    it is what the outermost trusted proxy saw as its peer. If every entry is trusted,
+///    the leftmost one is the client. A single-value header (`X-Real-IP` and the like,
+///    see [`ForwardedHeader`]) is a list of one entry that must occur exactly once.
 /// 4. If, before an untrusted address is found, an entry is malformed, `unknown`, an
 ///    obfuscated identifier (`_hidden`), a `Forwarded` element without `for=`, or the walk
 ///    reaches its limits (64 entries, 8 KiB of header counted from the right), the walk
@@ -72,7 +112,7 @@ impl ForwardedHeader {
 ///    bad entry would mean trusting what lies to its left, which no trusted proxy vouched
 ///    for; giving no key (`None`) would let a garbage header pick the layer's missing-key
 ///    behaviour. Keying on the last trusted hop never returns an address a client could
-///    have written, and never fails.
+///    have written, and never fails. A malformed header is thus treated as absent.
 ///
 /// Empty list elements (`a,,b`) are skipped, as HTTP list syntax requires. `X-Forwarded-For`
 /// entries may carry a port (`192.0.2.1:80`, `[2001:db8::1]:80`); IPv6 may be bare.
@@ -82,13 +122,16 @@ impl ForwardedHeader {
 /// List every proxy that can connect to the app, and only those: a trusted address that a
 /// client can reach directly lets that client write its own key. Proxies must append to
 /// the header (nginx `$proxy_add_x_forwarded_for`, most load balancers) rather than pass
-/// it through untouched or replace it with the client's copy.
+/// it through untouched or replace it with the client's copy; a proxy that sets a
+/// single-value header must overwrite the client's. With a hop count, every request must
+/// come through exactly that many proxies: one that reaches the app past the outer ones
+/// (a load balancer reachable from the internet behind a CDN) picks its own key.
 ///
-/// See the [module docs](super) for an example and the other extractors.
+/// See the [module docs](super) for examples and the other extractors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
 pub struct ClientIp {
-    trusted: Arc<[Cidr]>,
+    trust: Trust,
     header: ForwardedHeader,
     grouping: PeerIp,
 }
@@ -112,11 +155,30 @@ impl ClientIp {
             .into_iter()
             .map(|s| Cidr::parse(s.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            trusted: trusted.into(),
+        Ok(Self::with(Trust::Blocks(trusted.into())))
+    }
+
+    /// Trusts the `hops` proxies nearest the app, whatever their addresses: for
+    /// deployments whose proxies' addresses are not known in advance (a cloud load
+    /// balancer, a platform's router). The peer is the first of them and each one after
+    /// it appended one entry, so the client is the `hops`-th entry of the header from the
+    /// right (fewer entries: the leftmost). This is Envoy's `xff_num_trusted_hops` (with
+    /// `use_remote_address`), express's `trust proxy` set to a number and ASP.NET's
+    /// `ForwardLimit`. `0` trusts nobody: the key is the peer. At most 64 entries are
+    /// read (see [How the client is found](ClientIp#how-the-client-is-found)).
+    ///
+    /// Every request must come through that many proxies: see the [deployment
+    /// caveat](ClientIp#deployment-caveat).
+    pub fn trusting_hops(hops: usize) -> Self {
+        Self::with(Trust::Hops(hops))
+    }
+
+    fn with(trust: Trust) -> Self {
+        Self {
+            trust,
             header: ForwardedHeader::default(),
             grouping: PeerIp::new(),
-        })
+        }
     }
 
     /// Chooses the forwarding header to read (default: [`ForwardedHeader::XForwardedFor`]).
@@ -136,21 +198,38 @@ impl ClientIp {
         Ok(self)
     }
 
-    fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|c| c.contains(ip))
+    /// Whether `ip`, met after `depth` other hops (the peer is at depth 0), is a proxy.
+    fn trusts(&self, ip: IpAddr, depth: usize) -> bool {
+        match &self.trust {
+            Trust::Blocks(blocks) => blocks.iter().any(|c| c.contains(ip)),
+            Trust::Hops(hops) => depth < *hops,
+        }
     }
 
     /// The client's address, ungrouped.
     pub(crate) fn client<B>(&self, req: &Request<B>) -> Option<IpAddr> {
         let peer = peer_addr(req)?.ip().to_canonical();
-        if !self.is_trusted(peer) {
+        if !self.trusts(peer, 0) {
             return Some(peer);
         }
         let header = self.header;
+        let values = req.headers().get_all(header.name());
+        if header.single() {
+            // One occurrence holding one address; anything else is treated as absent.
+            let mut values = values.iter();
+            return Some(match (values.next(), values.next()) {
+                (Some(value), None) => match header.hop(value.as_bytes()) {
+                    Hop::Addr(ip) => ip.to_canonical(),
+                    Hop::Empty | Hop::Opaque => peer,
+                },
+                _ => peer,
+            });
+        }
         let mut last_trusted = peer;
+        let mut depth = 1;
         let mut entries = 0;
         let mut budget = MAX_HEADER_BYTES;
-        for value in req.headers().get_all(header.name()).iter().rev() {
+        for value in values.iter().rev() {
             let bytes = value.as_bytes();
             let truncated = bytes.len() > budget;
             let window = &bytes[bytes.len().saturating_sub(budget)..];
@@ -167,10 +246,11 @@ impl ClientIp {
                     Hop::Opaque => return Some(last_trusted),
                     Hop::Addr(ip) => {
                         let ip = ip.to_canonical();
-                        if !self.is_trusted(ip) {
+                        if !self.trusts(ip, depth) {
                             return Some(ip);
                         }
                         last_trusted = ip;
+                        depth += 1;
                     }
                 }
             }
@@ -293,6 +373,99 @@ mod tests {
         big.push_str("10.0.0.9");
         let r = req("10.0.0.1:1", "x-forwarded-for", &[big.as_bytes()]);
         assert_eq!(c.extract(&r), Some(ip("10.1.1.1")));
+    }
+
+    #[test]
+    fn single_value_headers() {
+        let c = ClientIp::trusting(["10.0.0.0/8"])
+            .unwrap()
+            .header(ForwardedHeader::XRealIp);
+        let r = req("10.0.0.1:1", "x-real-ip", &[b"203.0.113.7"]);
+        assert_eq!(c.extract(&r), Some(ip("203.0.113.7")));
+        let r = req("10.0.0.1:1", "x-real-ip", &[b" [2001:db8::7]:443 "]);
+        assert_eq!(c.extract(&r), Some(ip("2001:db8::")));
+        // Treated as absent: the peer.
+        for values in [
+            &[&b"203.0.113.7"[..], b"203.0.113.8"][..],
+            &[b"203.0.113.7, 10.0.0.2"],
+            &[b"unknown"],
+            &[b""],
+            &[b"\xff"],
+            &[&[b'1'; 100][..]],
+            &[],
+        ] {
+            let r = req("10.0.0.1:1", "x-real-ip", values);
+            assert_eq!(c.extract(&r), Some(ip("10.0.0.1")), "{values:?}");
+        }
+        // Another header, another name.
+        let r = req("10.0.0.1:1", "x-forwarded-for", &[b"203.0.113.7"]);
+        assert_eq!(c.extract(&r), Some(ip("10.0.0.1")));
+        for (header, name) in [
+            (ForwardedHeader::CfConnectingIp, "cf-connecting-ip"),
+            (ForwardedHeader::TrueClientIp, "true-client-ip"),
+            (ForwardedHeader::FlyClientIp, "fly-client-ip"),
+            (ForwardedHeader::FastlyClientIp, "fastly-client-ip"),
+        ] {
+            let c = c.clone().header(header);
+            let r = req("10.0.0.1:1", name, &[b"198.51.100.1"]);
+            assert_eq!(c.extract(&r), Some(ip("198.51.100.1")), "{name}");
+            let r = req("192.0.2.1:1", name, &[b"198.51.100.1"]);
+            assert_eq!(c.extract(&r), Some(ip("192.0.2.1")), "{name}");
+        }
+    }
+
+    #[test]
+    fn hop_count() {
+        let xff = |peer: &str, v: &'static str| req(peer, "x-forwarded-for", &[v.as_bytes()]);
+        let two = ClientIp::trusting_hops(2);
+        // The peer and one more proxy: the second entry from the right.
+        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5, 198.51.100.9");
+        assert_eq!(two.extract(&r), Some(ip("203.0.113.5")));
+        // Fewer entries than hops: the leftmost.
+        assert_eq!(
+            two.extract(&xff("192.0.2.1:1", "203.0.113.5")),
+            Some(ip("203.0.113.5"))
+        );
+        assert_eq!(two.extract(&xff("192.0.2.1:1", "")), Some(ip("192.0.2.1")));
+        // Empty elements are not hops; a bad entry stops at the last trusted hop.
+        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5,, 198.51.100.9,");
+        assert_eq!(two.extract(&r), Some(ip("203.0.113.5")));
+        let r = xff("192.0.2.1:1", "6.6.6.6, garbage, 198.51.100.9");
+        assert_eq!(two.extract(&r), Some(ip("198.51.100.9")));
+        // One hop: the rightmost entry; none: the peer, whatever the header says.
+        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5");
+        assert_eq!(
+            ClientIp::trusting_hops(1).extract(&r),
+            Some(ip("203.0.113.5"))
+        );
+        assert_eq!(
+            ClientIp::trusting_hops(0).extract(&r),
+            Some(ip("192.0.2.1"))
+        );
+        // More hops than the walk reads: the last entry read.
+        let many: Vec<String> = (0..100).map(|i| format!("10.0.{i}.1")).collect();
+        let r = req(
+            "192.0.2.1:1",
+            "x-forwarded-for",
+            &[many.join(",").as_bytes()],
+        );
+        assert_eq!(
+            ClientIp::trusting_hops(80).extract(&r),
+            Some(ip("10.0.36.1"))
+        );
+        // `Forwarded` and single-value headers count the same way.
+        let f = two.clone().header(ForwardedHeader::Forwarded);
+        let r = req(
+            "192.0.2.1:1",
+            "forwarded",
+            &[b"for=6.6.6.6, for=203.0.113.5;proto=https, for=198.51.100.9"],
+        );
+        assert_eq!(f.extract(&r), Some(ip("203.0.113.5")));
+        let s = two.header(ForwardedHeader::CfConnectingIp);
+        let r = req("192.0.2.1:1", "cf-connecting-ip", &[b"203.0.113.5"]);
+        assert_eq!(s.extract(&r), Some(ip("203.0.113.5")));
+        let s = ClientIp::trusting_hops(0).header(ForwardedHeader::CfConnectingIp);
+        assert_eq!(s.extract(&r), Some(ip("192.0.2.1")));
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! [`PolicySet`]: named policies (plans) and the limits every one of them applies, and
 //! [`PolicyName`], what a selector returns.
 
-use std::{fmt, sync::Arc};
+use std::{
+    collections::{hash_map::Entry as Slot, HashMap},
+    fmt,
+    sync::Arc,
+};
 
 use crate::{algorithm::Limit, error::ConfigError};
 
-use super::limits::Policy;
+use super::{limits::Policy, quote::echo};
 
 /// Named policies, and the limits every one of them also applies. See the
 /// [module docs](super).
@@ -21,7 +25,13 @@ pub struct PolicySet {
 struct SetInner {
     entries: Vec<Entry>,
     every: Vec<Limit>,
+    /// Each name's position in `entries`: duplicates are found, and a large set searched,
+    /// in time linear in its size.
+    by_name: HashMap<Arc<str>, usize>,
 }
+
+/// Up to this many policies a name is looked up by scanning them (no hashing).
+const SCAN: usize = 8;
 
 /// One policy of a set.
 pub(crate) struct Entry {
@@ -55,7 +65,8 @@ impl PartialEq for PolicySet {
 fn check_name(name: &str) -> Result<(), ConfigError> {
     if name.is_empty() || name == "*" || !name.bytes().all(|b| (0x21..0x7f).contains(&b)) {
         return Err(ConfigError::PolicySet(format!(
-            "policy name {name:?} must be printable ASCII without spaces, and not \"*\""
+            "policy name {} must be printable ASCII without spaces, and not \"*\"",
+            echo(name)
         )));
     }
     Ok(())
@@ -71,6 +82,7 @@ impl PolicySet {
                     policy: policy.into(),
                 }],
                 every: Vec::new(),
+                by_name: HashMap::new(),
             }),
         }
     }
@@ -88,16 +100,58 @@ impl PolicySet {
         policies: impl IntoIterator<Item = (N, Policy)>,
         every: impl IntoIterator<Item = Limit>,
     ) -> Result<Self, ConfigError> {
-        let every: Vec<Limit> = every.into_iter().collect();
-        let mut entries: Vec<Entry> = Vec::new();
-        for (name, policy) in policies {
-            let name: String = name.into();
-            check_name(&name)?;
-            if entries.iter().any(|e| e.name.as_deref() == Some(&*name)) {
-                return Err(ConfigError::PolicySet(format!(
-                    "policy {name:?} appears twice"
-                )));
+        let policies = policies.into_iter().map(|(n, p)| (n.into(), p, None));
+        Self::build(policies, every.into_iter().collect())
+    }
+
+    /// From `(name, policy, line)` entries as read from text: `*` holds the common limits.
+    pub(crate) fn from_entries(
+        entries: Vec<(String, Policy, usize)>,
+    ) -> Result<PolicySet, ConfigError> {
+        let mut every = None;
+        let mut named = Vec::with_capacity(entries.len());
+        for (name, policy, line) in entries {
+            if name != "*" {
+                named.push((name, policy, Some(line)));
+            } else if every.is_some() {
+                return Err(ConfigError::Line {
+                    line,
+                    error: Box::new(ConfigError::PolicySet("\"*\" appears twice".into())),
+                });
+            } else {
+                every = Some(policy.limits().to_vec());
             }
+        }
+        Self::build(named.into_iter(), every.unwrap_or_default())
+    }
+
+    /// The set of `policies` (each with the line of text it was read from, if it was) and
+    /// the limits `every` one applies; an error names the line. Each name is checked
+    /// against the earlier ones in a hash map, so a set of any size is built in linear
+    /// time.
+    fn build(
+        policies: impl Iterator<Item = (String, Policy, Option<usize>)>,
+        every: Vec<Limit>,
+    ) -> Result<Self, ConfigError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut by_name = HashMap::new();
+        for (name, policy, line) in policies {
+            let at = |error: ConfigError| match line {
+                Some(line) => ConfigError::Line {
+                    line,
+                    error: Box::new(error),
+                },
+                None => error,
+            };
+            check_name(&name).map_err(at)?;
+            let name: Arc<str> = name.into();
+            match by_name.entry(Arc::clone(&name)) {
+                Slot::Occupied(_) => {
+                    let twice = format!("policy {} appears twice", echo(&name));
+                    return Err(at(ConfigError::PolicySet(twice)));
+                }
+                Slot::Vacant(slot) => slot.insert(entries.len()),
+            };
             let own = policy.limits();
             let several = own.len() > 1;
             let limits = every
@@ -107,14 +161,18 @@ impl PolicySet {
                     let default = if several {
                         format!("{name}-{}", i + 1)
                     } else {
-                        name.clone()
+                        name.to_string()
                     };
                     l.clone().named_by_default(&default)
                 }));
-            let policy = Policy::from_limits(limits)
-                .map_err(|e| ConfigError::PolicySet(format!("policy {name:?}: {e}")))?;
+            let policy = Policy::from_limits(limits).map_err(|e| {
+                at(ConfigError::PolicySet(format!(
+                    "policy {}: {e}",
+                    echo(&name)
+                )))
+            })?;
             entries.push(Entry {
-                name: Some(name.into()),
+                name: Some(name),
                 policy,
             });
         }
@@ -122,34 +180,12 @@ impl PolicySet {
             return Err(ConfigError::PolicySet("no policy in the set".into()));
         }
         Ok(PolicySet {
-            inner: Arc::new(SetInner { entries, every }),
+            inner: Arc::new(SetInner {
+                entries,
+                every,
+                by_name,
+            }),
         })
-    }
-
-    /// From `(name, policy, line)` entries as read from text: `*` holds the common limits.
-    pub(crate) fn from_entries(
-        entries: Vec<(String, Policy, usize)>,
-    ) -> Result<PolicySet, ConfigError> {
-        let mut every = Vec::new();
-        let mut named = Vec::new();
-        for (name, policy, line) in entries {
-            if name == "*" {
-                if !every.is_empty() {
-                    return Err(ConfigError::Line {
-                        line,
-                        error: Box::new(ConfigError::PolicySet("\"*\" appears twice".into())),
-                    });
-                }
-                every = policy.limits().to_vec();
-            } else {
-                check_name(&name).map_err(|e| ConfigError::Line {
-                    line,
-                    error: Box::new(e),
-                })?;
-                named.push((name, policy));
-            }
-        }
-        PolicySet::named(named, every)
     }
 
     /// The names of the policies, the fallback first (none for a set of one unnamed
@@ -180,10 +216,15 @@ impl PolicySet {
 
     #[inline]
     pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
-        self.inner
-            .entries
-            .iter()
-            .position(|e| e.name.as_deref() == Some(name))
+        let inner = &*self.inner;
+        if inner.entries.len() <= SCAN {
+            inner
+                .entries
+                .iter()
+                .position(|e| e.name.as_deref() == Some(name))
+        } else {
+            inner.by_name.get(name).copied()
+        }
     }
 
     #[inline]
@@ -267,6 +308,9 @@ impl<N: PolicyName> PolicyName for Option<N> {
     }
 }
 
+/// The most names of a set an error lists.
+const LISTED: usize = 10;
+
 /// Checks that a set holds every name a closed selector can return.
 pub(crate) fn check_names(
     set: &PolicySet,
@@ -274,9 +318,13 @@ pub(crate) fn check_names(
 ) -> Result<(), ConfigError> {
     for n in names.unwrap_or_default() {
         if set.index_of(n).is_none() {
+            let mut has: Vec<&str> = set.names().take(LISTED + 1).collect();
+            if has.len() > LISTED {
+                has[LISTED] = "...";
+            }
             return Err(ConfigError::PolicySet(format!(
                 "the selector can name {n:?}, which the set lacks (it has {})",
-                set.names().collect::<Vec<_>>().join(", ")
+                has.join(", ")
             )));
         }
     }

@@ -3,14 +3,20 @@
 
 use std::{str::FromStr, time::Duration};
 
+use super::quote::{cut, echo, ECHO};
 use super::PolicySet;
 use crate::{algorithm::Limit, error::ConfigError, policy::Policy, quota::Quota};
 
-/// A parse error: what was wrong, and the part of the text it was found in.
+/// The longest reason a parse error gives, in bytes: reasons quote the text they are about
+/// (cut to [`ECHO`] bytes), and an error of the library may quote more.
+const REASON: usize = 4 * ECHO;
+
+/// A parse error: what was wrong, and the part of the text it was found in (both cut, so
+/// that a huge text makes a short message).
 fn bad(part: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Parse {
-        part: part.to_owned(),
-        reason: reason.into(),
+        part: cut(part, ECHO),
+        reason: cut(&reason.into(), REASON),
     }
 }
 
@@ -31,7 +37,7 @@ const UNITS: &str = "ms, s, min, h or day";
 
 fn int(part: &str, text: &str, what: &str) -> Result<u64, ConfigError> {
     text.parse::<u64>()
-        .map_err(|_| bad(part, format!("{what} {text:?} is not a whole number")))
+        .map_err(|_| bad(part, format!("{what} {} is not a whole number", echo(text))))
 }
 
 /// `5h`, `30min`, `1s`: a number followed by a unit.
@@ -44,12 +50,16 @@ fn duration(part: &str, text: &str) -> Result<Duration, ConfigError> {
     let u = unit(u).ok_or_else(|| {
         bad(
             part,
-            format!("unknown time unit {u:?} in {text:?} (expected {UNITS})"),
+            format!(
+                "unknown time unit {} in {} (expected {UNITS})",
+                echo(u),
+                echo(text)
+            ),
         )
     })?;
     n.checked_mul(u)
         .map(Duration::from_nanos)
-        .ok_or_else(|| bad(part, format!("duration {text:?} is too long")))
+        .ok_or_else(|| bad(part, format!("duration {} is too long", echo(text))))
 }
 
 /// `100/s`, `10/min`, `5/12s`: units per period.
@@ -57,7 +67,7 @@ fn rate(part: &str, text: &str) -> Result<Quota, ConfigError> {
     let (n, per) = text.split_once('/').ok_or_else(|| {
         bad(
             part,
-            format!("expected a rate such as 100/s, found {text:?}"),
+            format!("expected a rate such as 100/s, found {}", echo(text)),
         )
     })?;
     let n = int(part, n, "the rate's count")?;
@@ -67,7 +77,7 @@ fn rate(part: &str, text: &str) -> Result<Quota, ConfigError> {
         Duration::from_nanos(unit(per).ok_or_else(|| {
             bad(
                 part,
-                format!("unknown time unit {per:?} (expected {UNITS})"),
+                format!("unknown time unit {} (expected {UNITS})", echo(per)),
             )
         })?)
     };
@@ -109,7 +119,7 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
         let mut value = |what: &str| {
             words
                 .next()
-                .ok_or_else(|| bad(part, format!("{w:?} needs {what}")))
+                .ok_or_else(|| bad(part, format!("{} needs {what}", echo(w))))
         };
         match w {
             "burst" => burst = Some(int(part, value("a number")?, "the burst")?),
@@ -123,10 +133,12 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
                 let n = p
                     .strip_suffix('%')
                     .and_then(|n| n.parse::<f64>().ok())
-                    .ok_or_else(|| bad(part, format!("{p:?} is not a percentage such as 25%")))?;
+                    .ok_or_else(|| {
+                        bad(part, format!("{} is not a percentage such as 25%", echo(p)))
+                    })?;
                 mode = Some(Some(n));
             }
-            other => return Err(bad(part, format!("unexpected {other:?}"))),
+            other => return Err(bad(part, format!("unexpected {}", echo(other)))),
         }
     }
     let fail = |e: ConfigError| bad(part, e.to_string());

@@ -77,6 +77,35 @@ impl fmt::Display for SimError {
 
 impl std::error::Error for SimError {}
 
+/// The longest stretch of the input an error message quotes, in bytes.
+const QUOTED: usize = 64;
+
+/// The start of `text` an error message shows (at most [`QUOTED`] bytes, cut at a
+/// character) and, when it was cut, what follows it: the full length.
+fn cut(text: &str) -> (&str, String) {
+    if text.len() <= QUOTED {
+        return (text, String::new());
+    }
+    let mut end = QUOTED;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&text[..end], format!("... ({} bytes)", text.len()))
+}
+
+/// Input as an error message shows it, cut short: a 100 MB field makes a short message.
+pub fn shown(text: &str) -> String {
+    let (start, rest) = cut(text);
+    format!("{start}{rest}")
+}
+
+/// Input as an error message quotes it: in quotes (escaped as Rust writes strings), cut
+/// short as by [`shown`].
+pub fn quoted(text: &str) -> String {
+    let (start, rest) = cut(text);
+    format!("{start:?}{rest}")
+}
+
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Arrival {

@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{units::duration_ns, Arrival, SimError, NS};
+use super::replay::check_time;
+use super::{quoted, shown, units::duration_ns, Arrival, SimError, NS};
 
 /// The patterns and their parameters with defaults, for `--help`.
 pub const PATTERNS: &str = "  idle-burst   idle=5s n=200 over=100ms key=client     n requests evenly spread over `over`, after `idle`
@@ -25,7 +26,9 @@ impl Params {
 
     fn duration(&mut self, key: &str, default: &str) -> Result<u64, SimError> {
         let v = self.get(key, default);
-        duration_ns(&v).map_err(|e| SimError::new(format!("pattern {}: {key}: {e}", self.name)))
+        duration_ns(&v)
+            .and_then(|ns| check_time(ns, &v))
+            .map_err(|e| SimError::new(format!("pattern {}: {key}: {e}", self.name)))
     }
 
     fn count(&mut self, key: &str, default: &str) -> Result<u64, SimError> {
@@ -33,8 +36,9 @@ impl Params {
         match v.parse::<u64>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(SimError::new(format!(
-                "pattern {}: {key}={v} is not a whole number above 0",
-                self.name
+                "pattern {}: {key}={} is not a whole number above 0",
+                self.name,
+                shown(&v)
             ))),
         }
     }
@@ -44,8 +48,9 @@ impl Params {
         match v.parse::<f64>() {
             Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
             _ => Err(SimError::new(format!(
-                "pattern {}: {key}={v} is not a number",
-                self.name
+                "pattern {}: {key}={} is not a number",
+                self.name,
+                shown(&v)
             ))),
         }
     }
@@ -55,8 +60,9 @@ impl Params {
         match self.given.keys().next() {
             None => Ok(()),
             Some(k) => Err(SimError::new(format!(
-                "pattern {} takes no parameter {k:?}",
-                self.name
+                "pattern {} takes no parameter {}",
+                self.name,
+                quoted(k)
             ))),
         }
     }
@@ -68,12 +74,16 @@ pub fn pattern(spec: &str) -> Result<Vec<Arrival>, SimError> {
     let mut given = BTreeMap::new();
     for kv in args.split(',').filter(|s| !s.trim().is_empty()) {
         let (k, v) = kv.split_once('=').ok_or_else(|| {
-            SimError::new(format!("pattern {name}: expected key=value, found {kv:?}"))
+            SimError::new(format!(
+                "pattern {}: expected key=value, found {}",
+                shown(name),
+                quoted(kv)
+            ))
         })?;
         given.insert(k.trim().to_owned(), v.trim().to_owned());
     }
     let mut p = Params {
-        name: name.to_owned(),
+        name: shown(name),
         given,
     };
     let cost = p.count("cost", "1")?;
@@ -126,19 +136,24 @@ pub fn pattern(spec: &str) -> Result<Vec<Arrival>, SimError> {
             let rate = p.count("rate", "500")?;
             let span = p.duration("for", "2s")?;
             let seed = p.get("seed", "1");
-            let seed = seed
-                .parse::<u64>()
-                .map_err(|_| SimError::new(format!("pattern zipf: seed={seed} is not a number")))?;
+            let seed = seed.parse::<u64>().map_err(|_| {
+                SimError::new(format!(
+                    "pattern zipf: seed={} is not a number",
+                    shown(&seed)
+                ))
+            })?;
             times.extend(steady(0, span, rate));
             keys = Some(zipf_keys(times.len(), n, s, seed));
         }
         _ => {
             return Err(SimError::new(format!(
-                "unknown pattern {name:?}; the patterns are:\n{PATTERNS}"
+                "unknown pattern {}; the patterns are:\n{PATTERNS}",
+                quoted(name)
             )))
         }
     }
     let key = p.get("key", "client");
+    let name = p.name.clone();
     p.done()?;
     if times.is_empty() {
         return Err(SimError::new(format!("pattern {name} makes no requests")));

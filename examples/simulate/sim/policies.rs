@@ -2,7 +2,7 @@
 
 use tollgate::{policy::PolicySet, Policy};
 
-use super::SimError;
+use super::{quoted, SimError};
 
 /// A policy to replay against and the name it is shown under.
 #[derive(Debug, Clone)]
@@ -15,7 +15,7 @@ pub struct Named {
 pub fn policy_arg(text: &str) -> Result<Named, SimError> {
     let policy = text
         .parse::<Policy>()
-        .map_err(|e| SimError::new(format!("policy {text:?}: {e}")))?;
+        .map_err(|e| SimError::new(format!("policy {}: {e}", quoted(text))))?;
     Ok(Named {
         label: text.to_owned(),
         policy,

@@ -8,12 +8,31 @@ use tollgate::decision::{Outcome, Source};
 use tollgate::store::{MemoryStore, Store};
 use tollgate::Policy;
 
-use super::{policies::Named, report::Report, Arrival, SimError};
+use super::{policies::Named, report::Report, shown, units::secs, Arrival, SimError, NS};
 
 /// Where trace time zero sits on the clock: 2027-01-15 00:00:00 UTC, a whole day since the
 /// Unix epoch, so that windows of a second, a minute, an hour or a day start at trace time
 /// zero on every store.
 pub const BASE: Duration = Duration::from_secs(20_833 * 86_400);
+
+/// The latest trace time the replay places on the clock, in ns: about 89 years. The clock
+/// then stays below 2^62 ns since the Unix epoch, so that a store adding a policy's horizon
+/// (below 2^62 ns) and a cost to it cannot overflow its 64 bits.
+pub const LATEST: u64 = (1 << 62) - BASE.as_nanos() as u64;
+
+/// Refuses a trace time (or a pattern's duration) later than [`LATEST`]; `time` is how it
+/// was written.
+pub fn check_time(ns: u64, time: &str) -> Result<u64, String> {
+    if ns <= LATEST {
+        return Ok(ns);
+    }
+    Err(format!(
+        "time {} is later than a trace can reach ({} s, about {} years)",
+        shown(time),
+        LATEST / NS,
+        LATEST / NS / (365 * 86_400)
+    ))
+}
 
 /// What happened to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +57,9 @@ pub async fn replay<S: Store<String>>(
     let start = clock.now();
     let mut fates = Vec::with_capacity(trace.len());
     for (i, a) in trace.iter().enumerate() {
-        clock.set(start + a.at);
+        let at = check_time(a.at, &secs(a.at))
+            .map_err(|e| SimError::new(format!("request {}: {e}", i + 1)))?;
+        clock.set(start + at);
         let d = store
             .decide(&a.key, policy, a.cost)
             .await

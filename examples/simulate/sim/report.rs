@@ -93,8 +93,24 @@ fn ms(ns: u64) -> String {
     format!("{}.{}", ns / MS, ns % MS / 100_000)
 }
 
+/// The widest label the table shows, in characters; a longer one is cut, ending in `...`.
+const LABEL: usize = 48;
+
+/// A policy's label as the table shows it: at most [`LABEL`] characters.
+fn label_cell(label: &str) -> String {
+    if label.chars().count() <= LABEL {
+        return label.to_owned();
+    }
+    let mut cut: String = label.chars().take(LABEL - 3).collect();
+    cut.push_str("...");
+    cut
+}
+
 /// The comparison table: one row per policy, then each policy's `Retry-After` values.
+/// Labels are cut to [`LABEL`] characters, which also keeps the column's width within
+/// what `format!` can pad (below 65,536).
 pub fn table(runs: &[(&str, &Stats)]) -> String {
+    let runs: Vec<(String, &Stats)> = runs.iter().map(|(l, s)| (label_cell(l), *s)).collect();
     let width = runs
         .iter()
         .map(|(l, _)| l.chars().count())
@@ -112,7 +128,7 @@ pub fn table(runs: &[(&str, &Stats)]) -> String {
         "wait max",
         "max per 100ms"
     );
-    for (label, s) in runs {
+    for (label, s) in &runs {
         out += &format!(
             "{:<width$}  {:>8}  {:>8}  {:>8}  {:>6} ms  {:>6} ms  {:>6} ms  {:>14}\n",
             label,
@@ -126,7 +142,7 @@ pub fn table(runs: &[(&str, &Stats)]) -> String {
         );
     }
     out += "\nRetry-After of the refusals (seconds: count)\n";
-    for (label, s) in runs {
+    for (label, s) in &runs {
         let mut hist: Vec<String> = s
             .retry_after
             .iter()

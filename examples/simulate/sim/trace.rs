@@ -1,9 +1,8 @@
 //! Traces from files: CSV or JSON lines, an error naming its line.
 
+use super::replay::check_time;
 use super::units::{cost_of, decimal_ns};
-use super::Arrival;
-use super::SimError;
-use super::NS;
+use super::{shown, Arrival, SimError, NS};
 
 /// How a trace file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,11 +46,8 @@ pub fn parse_trace(text: &str, format: Format) -> Result<Vec<Arrival>, SimError>
         let (time, key, cost) = match format {
             Format::Csv => {
                 let fields: Vec<&str> = content.split(',').map(str::trim).collect();
-                // A first line whose time is not a number is a header (`time,key,cost`).
-                if header_allowed
-                    && decimal_ns(fields[0], NS).is_err()
-                    && !fields[0].starts_with('-')
-                {
+                // The first line may be a header: `time,key` or `time,key,cost`.
+                if header_allowed && is_header(&fields) {
                     header_allowed = false;
                     continue;
                 }
@@ -76,12 +72,19 @@ pub fn parse_trace(text: &str, format: Format) -> Result<Vec<Arrival>, SimError>
         if key.is_empty() {
             return Err(SimError::at(line, "the key is empty"));
         }
-        let at = decimal_ns(&time, NS).map_err(|e| SimError::at(line, format!("time {e}")))?;
+        let at = decimal_ns(&time, NS)
+            .map_err(|e| format!("time {e}"))
+            .and_then(|at| check_time(at, &time))
+            .map_err(|e| SimError::at(line, e))?;
         if let Some((prev_text, prev)) = &previous {
             if at < *prev {
                 return Err(SimError::at(
                     line,
-                    format!("time {time} is before the previous {prev_text}"),
+                    format!(
+                        "time {} is before the previous {}",
+                        shown(&time),
+                        shown(prev_text)
+                    ),
                 ));
             }
         }
@@ -92,6 +95,16 @@ pub fn parse_trace(text: &str, format: Format) -> Result<Vec<Arrival>, SimError>
         return Err(SimError::new("the trace has no requests"));
     }
     Ok(trace)
+}
+
+/// Whether CSV fields are the header line: `time,key` or `time,key,cost`, in any case.
+fn is_header(fields: &[&str]) -> bool {
+    let names = ["time", "key", "cost"];
+    (2..=3).contains(&fields.len())
+        && fields
+            .iter()
+            .zip(names)
+            .all(|(f, name)| f.eq_ignore_ascii_case(name))
 }
 
 /// One JSON line: its time (as written), key and cost.
@@ -109,7 +122,7 @@ fn json_line(content: &str) -> Result<(String, String, u64), String> {
                 // used.
                 let secs = n.as_f64().unwrap_or(-1.0);
                 if secs < 0.0 {
-                    return Err(format!("time {text} is negative"));
+                    return Err(format!("time {} is negative", shown(&text)));
                 }
                 format!("{:.9}", secs)
             } else {
@@ -117,19 +130,25 @@ fn json_line(content: &str) -> Result<(String, String, u64), String> {
             }
         }
         Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => return Err(format!("time {other} is not a number of seconds")),
+        Some(other) => {
+            let other = other.to_string();
+            return Err(format!("time {} is not a number of seconds", shown(&other)));
+        }
         None => return Err("no \"time\" field".into()),
     };
     let key = match obj.get("key") {
         Some(serde_json::Value::String(s)) => s.clone(),
         Some(serde_json::Value::Number(n)) => n.to_string(),
-        Some(other) => return Err(format!("key {other} is not a string")),
+        Some(other) => return Err(format!("key {} is not a string", shown(&other.to_string()))),
         None => return Err("no \"key\" field".into()),
     };
     let cost = match obj.get("cost") {
         None => 1,
         Some(serde_json::Value::Number(n)) => cost_of(&n.to_string())?,
-        Some(other) => return Err(format!("cost {other} is not a whole number")),
+        Some(other) => {
+            let other = other.to_string();
+            return Err(format!("cost {} is not a whole number", shown(&other)));
+        }
     };
     Ok((time, key, cost))
 }

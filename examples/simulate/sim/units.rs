@@ -1,19 +1,19 @@
 //! Numbers as written: decimals, durations and costs read exactly, seconds shown.
 
-use super::{MS, NS};
+use super::{quoted, shown, MS, NS};
 
 /// A non-negative decimal (`1.25`, `300`, `0.0005`) times `unit` nanoseconds, exactly (no
 /// floating point, up to nanosecond precision).
 pub fn decimal_ns(text: &str, unit: u64) -> Result<u64, String> {
     if text.starts_with('-') {
-        return Err(format!("{text} is negative"));
+        return Err(format!("{} is negative", shown(text)));
     }
     let (int, frac) = text.split_once('.').unwrap_or((text, ""));
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     if int.is_empty() && frac.is_empty() || !digits(int) || !digits(frac) {
-        return Err(format!("{text:?} is not a number such as 1.25"));
+        return Err(format!("{} is not a number such as 1.25", quoted(text)));
     }
-    let too_big = || format!("{text} is too large");
+    let too_big = || format!("{} is too large", shown(text));
     let whole: u64 = if int.is_empty() {
         0
     } else {
@@ -36,7 +36,7 @@ pub fn decimal_ns(text: &str, unit: u64) -> Result<u64, String> {
 pub fn duration_ns(text: &str) -> Result<u64, String> {
     let split = text
         .find(|c: char| c.is_ascii_alphabetic())
-        .ok_or_else(|| format!("{text:?} needs a unit: ms, s or min"))?;
+        .ok_or_else(|| format!("{} needs a unit: ms, s or min", quoted(text)))?;
     let (n, unit) = text.split_at(split);
     let unit = match unit {
         "ms" => MS,
@@ -44,7 +44,9 @@ pub fn duration_ns(text: &str) -> Result<u64, String> {
         "min" => 60 * NS,
         _ => {
             return Err(format!(
-                "unknown unit {unit:?} in {text:?} (expected ms, s or min)"
+                "unknown unit {} in {} (expected ms, s or min)",
+                quoted(unit),
+                quoted(text)
             ))
         }
     };
@@ -59,8 +61,8 @@ pub fn secs(ns: u64) -> String {
 /// A cost as written: a whole number, not negative.
 pub(super) fn cost_of(text: &str) -> Result<u64, String> {
     if text.starts_with('-') {
-        return Err(format!("cost {text} is negative"));
+        return Err(format!("cost {} is negative", shown(text)));
     }
     text.parse()
-        .map_err(|_| format!("cost {text:?} is not a whole number"))
+        .map_err(|_| format!("cost {} is not a whole number", quoted(text)))
 }
