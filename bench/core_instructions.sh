@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deterministic companion to `TOLLGATE_RATIOS=check cargo bench --bench core`: the
+# Deterministic companion to `TOLLGATE_RATIOS=check cargo bench -p tollgate-benches --bench core`: the
 # instructions of one check, counted by valgrind's callgrind over the whole run of one
 # case's batch (`TOLLGATE_PROFILE`). Each row runs twice, with N1 and N2 checks; the
 # difference divided by N2 - N1 is one check's cost, since everything else in the run
@@ -13,7 +13,7 @@ ROWS=${ROWS:-check/1key/allow check/1key/deny check/1M/allow check/1M/deny}
 N1=${N1:-1000000}
 N2=${N2:-3000000}
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
-bench=$(cargo bench ${FEATURES:+--features "$FEATURES"} --bench core --no-run --message-format=json 2>/dev/null |
+bench=$(cargo bench -p tollgate-benches ${FEATURES:+--features "$FEATURES"} --bench core --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 
 per_check() {

@@ -17,7 +17,7 @@ MODES=${MODES:-bare noop limited-noheaders limited governor governor-headers ref
 PORT=${PORT:-18090}
 command -v wrk >/dev/null || { echo "installing wrk"; apt-get install -y -qq wrk >/dev/null; }
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
-cargo build --release --example load_server -q
+cargo build --release -p tollgate-benches --example load_server -q
 bin=${CARGO_TARGET_DIR:-target}/release/examples/load_server
 out=$(mktemp -d)
 trap 'pkill -9 -f "callgrind.*load_server" 2>/dev/null || true; rm -rf "$out"' EXIT

@@ -17,7 +17,7 @@ SECS=${SECS:-2}
 CONNS=${CONNS:-32}
 command -v wrk >/dev/null || { echo "installing wrk"; apt-get install -y -qq wrk >/dev/null; }
 
-cargo build --release --example load_server -q
+cargo build --release -p tollgate-benches --example load_server -q
 bin=${CARGO_TARGET_DIR:-target}/release/examples/load_server
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deterministic companion to `TOLLGATE_RATIOS= cargo bench --bench middleware`: the
+# Deterministic companion to `TOLLGATE_RATIOS= cargo bench -p tollgate-benches --bench middleware`: the
 # instructions each layer adds to a request over the bare service, counted by valgrind's
 # callgrind on the benchmark's loop alone (`--toggle-collect`, so the start-up, and
 # quanta's calibration loop in it, which runs a varying number of times, is not counted).
@@ -18,7 +18,7 @@ ROWS=${ROWS:-allowed allowed/headers refused exempt/skip exempt/allow-ips allowe
 N1=${N1:-20000}
 N2=${N2:-60000}
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
-bench=$(cargo bench ${FEATURES:+--features "$FEATURES"} --bench middleware --no-run --message-format=json 2>/dev/null |
+bench=$(cargo bench -p tollgate-benches ${FEATURES:+--features "$FEATURES"} --bench middleware --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 
 # Instructions of one request of row $1 for contender $2.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deterministic companion to `cargo bench --features redis --bench redis`: instructions
+# Deterministic companion to `cargo bench -p tollgate-benches --features redis --bench redis`: instructions
 # per decision, client and server, for tollgate's RedisStore batching (the default) and
 # unbatched, and for the bare GCRA script, with TASKS concurrent callers (default 64) on
 # one connection (the "100 000 random keys, admitted" scenario; SCENARIO="hot key,
@@ -31,7 +31,7 @@ TASKS=${TASKS:-64}
 SCENARIO=${SCENARIO:-random}
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y -qq valgrind >/dev/null; }
 command -v redis-server >/dev/null || { echo "installing redis-server"; apt-get install -y -qq redis-server >/dev/null; }
-bench=$(cargo bench --features redis --bench redis --no-run --message-format=json 2>/dev/null |
+bench=$(cargo bench -p tollgate-benches --features redis --bench redis --no-run --message-format=json 2>/dev/null |
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
 out=${OUT:-$(mktemp -d)}
 mkdir -p "$out"

@@ -4,9 +4,9 @@
 //!
 //! Two ways to run it, both measuring the very same closures:
 //!
-//! - `cargo bench --bench core`: criterion, one group per figure with `tollgate` and
+//! - `cargo bench -p tollgate-benches --bench core`: criterion, one group per figure with `tollgate` and
 //!   `governor` side by side.
-//! - `TOLLGATE_RATIOS=<filter> cargo bench --bench core`: the interleaved ratio table used
+//! - `TOLLGATE_RATIOS=<filter> cargo bench -p tollgate-benches --bench core`: the interleaved ratio table used
 //!   in `BENCHMARKS.md`. Every round times one batch of each contender, alternating which
 //!   goes first, so both see the same machine noise; a row reports both medians (ns per
 //!   request), the median of the per-round ratios (tollgate / governor) and their spread

@@ -3,9 +3,9 @@
 //! its slot in `call` and giving it back when its response body is read to the end. The
 //! figure is the ratio of the two times, and the time the layer adds.
 //!
-//! - `cargo bench --bench inflight`: criterion, `baseline` and `inflight` in one group,
+//! - `cargo bench -p tollgate-benches --bench inflight`: criterion, `baseline` and `inflight` in one group,
 //!   then the interleaved ratio table below.
-//! - `TOLLGATE_RATIOS=1 cargo bench --bench inflight`: the table only. Every round times
+//! - `TOLLGATE_RATIOS=1 cargo bench -p tollgate-benches --bench inflight`: the table only. Every round times
 //!   one batch of each (alternating the order), with the thread's CPU time; the row gives
 //!   the medians and the median of the per-round ratios with its 25th..75th percentile.
 

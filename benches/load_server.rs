@@ -2,16 +2,16 @@
 //! behind tollgate.
 //!
 //! ```sh
-//! cargo run --release --example load_server -- bare 8081      # no limiter
-//! cargo run --release --example load_server -- limited 8082   # token bucket per peer IP,
+//! cargo run --release -p tollgate-benches --example load_server -- bare 8081      # no limiter
+//! cargo run --release -p tollgate-benches --example load_server -- limited 8082   # token bucket per peer IP,
 //!                                                             # admits everything, IETF headers on
-//! cargo run --release --example load_server -- limited-noheaders 8084  # same, headers off
-//! cargo run --release --example load_server -- refusing 8083  # same, but nearly all refused
-//! cargo run --release --example load_server -- noop 8085      # a layer doing nothing
-//! cargo run --release --example load_server -- governor 8086  # tower_governor, per peer IP,
+//! cargo run --release -p tollgate-benches --example load_server -- limited-noheaders 8084  # same, headers off
+//! cargo run --release -p tollgate-benches --example load_server -- refusing 8083  # same, but nearly all refused
+//! cargo run --release -p tollgate-benches --example load_server -- noop 8085      # a layer doing nothing
+//! cargo run --release -p tollgate-benches --example load_server -- governor 8086  # tower_governor, per peer IP,
 //!                                                             # admits everything, no headers
-//! cargo run --release --example load_server -- governor-headers 8087  # same, its headers on
-//! WORKERS=1 cargo run --release --example load_server -- bare 8081  # one worker thread
+//! cargo run --release -p tollgate-benches --example load_server -- governor-headers 8087  # same, its headers on
+//! WORKERS=1 cargo run --release -p tollgate-benches --example load_server -- bare 8081  # one worker thread
 //! ```
 
 use std::net::SocketAddr;

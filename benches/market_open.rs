@@ -9,7 +9,7 @@
 //! latency.
 //!
 //! ```sh
-//! cargo bench --features redis --bench market_open    # starts its own redis-server
+//! cargo bench -p tollgate-benches --features redis --bench market_open    # starts its own redis-server
 //! ```
 //!
 //! Modes: every decision a Redis call, failing open past an 8 ms deadline (the common

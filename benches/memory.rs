@@ -11,7 +11,7 @@
 //! per hour, so every key carries state and none can be swept. The peak (the table's
 //! resize, when old and new arrays are both alive) is printed too.
 //!
-//! Run with `cargo bench --bench memory` (prints a table; no timing involved).
+//! Run with `cargo bench -p tollgate-benches --bench memory` (prints a table; no timing involved).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hash::Hash;

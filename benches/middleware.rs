@@ -4,9 +4,9 @@
 //! baseline. The figure is the cost a layer *adds* to a request: its time minus the
 //! baseline's, measured in the same round.
 //!
-//! - `cargo bench --bench middleware`: criterion, one group per row with `baseline`,
+//! - `cargo bench -p tollgate-benches --bench middleware`: criterion, one group per row with `baseline`,
 //!   `tollgate` and `tower_governor`.
-//! - `TOLLGATE_RATIOS=<filter> cargo bench --bench middleware`: the interleaved table of
+//! - `TOLLGATE_RATIOS=<filter> cargo bench -p tollgate-benches --bench middleware`: the interleaved table of
 //!   `BENCHMARKS.md`. Every round times one batch of each of the three (rotating the order),
 //!   with the thread's CPU time; a row gives the medians, the added costs and the median of
 //!   the per-round ratios of added costs (tollgate / tower_governor), with its 25th..75th

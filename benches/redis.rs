@@ -6,8 +6,8 @@
 //! per-round ratios.
 //!
 //! ```sh
-//! cargo bench --features redis --bench redis      # starts its own redis-server
-//! REDIS_URL=redis://127.0.0.1:6379 cargo bench --features redis --bench redis
+//! cargo bench -p tollgate-benches --features redis --bench redis      # starts its own redis-server
+//! REDIS_URL=redis://127.0.0.1:6379 cargo bench -p tollgate-benches --features redis --bench redis
 //! ```
 //!
 //! Scenarios: one hot key admitted throughout; random keys (100 000 of them), with 64
