@@ -1,11 +1,14 @@
-//! The reconciliation of a [`LocalFirstStore`](super::LocalFirstStore) with Redis: every
-//! interval, each key used since the last round pushes the units admitted here and pulls
-//! the shared state back.
+//! The reconciliation of a local state with Redis: each key decided here since its last
+//! sync pushes the units admitted here (raising the shared state to the local one first,
+//! should Redis have lost it) and pulls the shared state back. A
+//! [`LocalFirstStore`](super::LocalFirstStore) runs a round every interval; a
+//! [`RedisStore`](super::RedisStore)'s fallback when Redis answers again.
 
 use std::sync::{atomic::Ordering, Arc, Weak};
 use std::time::Duration;
 
-use super::local_state::{force_charge, Shared};
+use super::failure::{from_share, scaled_policy, to_share};
+use super::local_state::{force_charge, take, Shared, Unsynced};
 use super::script::{self, Mode};
 use crate::{algorithm::MAX_WORDS, error::StoreError, policy::Policy, store::map};
 
@@ -16,14 +19,8 @@ impl Shared {
     /// One round: every key used since the last one is pushed and pulled, by up to
     /// [`CONCURRENCY`] tasks. Returns how many keys were reconciled.
     pub(super) async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
-        let mut batch: Vec<(Vec<u8>, u64, u32)> = Vec::new();
-        self.map.for_each_one(|e| {
-            if e.pending > 0 || e.touched {
-                batch.push((e.key.to_vec(), e.pending, e.tag));
-                e.pending = 0;
-                e.touched = false;
-            }
-        });
+        let mut batch: Vec<Unsynced> = Vec::new();
+        self.map.for_each_one(|e| batch.extend(take(e)));
         let n = batch.len();
         let chunk = n.div_ceil(CONCURRENCY).max(1);
         let mut tasks = tokio::task::JoinSet::new();
@@ -45,38 +42,52 @@ impl Shared {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &result {
             self.failed_rounds.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(target: "tollgate::redis", error = %e, "local-first sync round failed");
+            tracing::debug!(target: "tollgate::redis", error = %e, "local sync round failed");
         }
         result
     }
 
-    /// Syncs keys one after the other; after a failure the rest are put back unsent.
-    async fn sync_keys(&self, keys: Vec<(Vec<u8>, u64, u32)>) -> Result<(), StoreError> {
-        let mut failed: Option<StoreError> = None;
-        for (key, units, tag) in keys {
-            let policy = self.tags.policy(tag);
-            let limits = policy.as_ref().map(script::limit_args);
-            let (Some(policy), Some(Ok(limits)), None) = (policy, limits, &failed) else {
-                self.put_back(&key, units);
-                continue;
-            };
-            let r = self.update(&key, Mode::Sync, units, limits).await;
-            match r.and_then(|reply| script::decode_sync(&reply, &policy)) {
-                Ok((server_now, words)) => {
-                    if !self.overrides {
-                        let local = self.clock.now() as i64;
-                        self.offset
-                            .store(server_now as i64 - local, Ordering::Relaxed);
-                    }
-                    self.merge(&key, tag, &policy, words);
-                }
-                Err(e) => {
-                    self.put_back(&key, units);
-                    failed = Some(e);
-                }
+    /// Syncs keys one after the other; after a failure, or when the sync is dropped
+    /// midway, the rest are put back unsent.
+    pub(super) async fn sync_keys(&self, keys: Vec<Unsynced>) -> Result<(), StoreError> {
+        let mut left = Unsent {
+            shared: self,
+            keys: keys.into_iter().rev().collect(),
+        };
+        while let Some(k) = left.keys.pop() {
+            if let Err(e) = self.sync_one(&k).await {
+                self.put_back(&k.key, k.units);
+                return Err(e);
             }
         }
-        failed.map_or(Ok(()), Err)
+        Ok(())
+    }
+
+    /// Pushes one key's units and pulls the shared state back. The floor sent with them
+    /// is the shared state as this instance knew it before admitting them: its local
+    /// state with the units given back, at the whole quota. Where Redis kept the key,
+    /// its state is already there or later; where Redis lost it, it comes back.
+    async fn sync_one(&self, k: &Unsynced) -> Result<(), StoreError> {
+        let Some(policy) = self.tags.policy(k.tag) else {
+            return Ok(());
+        };
+        let limits = script::limit_args(&policy).map_err(StoreError::backend)?;
+        let share = self.share.get();
+        let local = scaled_policy(&policy, share).map_err(StoreError::backend)?;
+        let mut known = k.state;
+        local.refund(&mut known, self.now(), k.units);
+        let floor = script::floor_args(&policy, &from_share(&policy, &known, share));
+        let reply = self
+            .update(&k.key, Mode::Sync, k.units, limits, floor)
+            .await?;
+        let (server_now, words) = script::decode_sync(&reply, &policy)?;
+        if !self.overrides {
+            let local = self.clock.now() as i64;
+            self.offset
+                .store(server_now as i64 - local, Ordering::Relaxed);
+        }
+        self.merge(&k.key, k.tag, &policy, words);
+        Ok(())
     }
 
     fn put_back(&self, key: &[u8], units: u64) {
@@ -88,9 +99,14 @@ impl Shared {
         }
     }
 
-    /// Replaces the local state by the shared one, then charges what was admitted here
-    /// since the round started.
+    /// Replaces the local state by the shared one (at the store's share), then charges
+    /// what was admitted here since the round started.
     fn merge(&self, key: &[u8], tag: u32, policy: &Policy, words: [u64; MAX_WORDS]) {
+        let share = self.share.get();
+        let local = match scaled_policy(policy, share) {
+            Ok(p) => p,
+            Err(_) => return,
+        };
         let hash = map::hash_of(&self.hasher, key);
         let mut s = self.map.write(hash);
         let now = self.now();
@@ -101,9 +117,24 @@ impl Shared {
         if e.tag != tag {
             return;
         }
-        e.state = words;
+        e.state = to_share(policy, &words, share);
         if e.pending > 0 {
-            force_charge(policy, &mut e.state, now, e.pending);
+            force_charge(&local, &mut e.state, now, e.pending);
+        }
+    }
+}
+
+/// The keys of a sync not sent yet: put back if the sync is dropped before it sends them.
+struct Unsent<'a> {
+    shared: &'a Shared,
+    /// In reverse order: the next to send is last.
+    keys: Vec<Unsynced>,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        for k in self.keys.drain(..) {
+            self.shared.put_back(&k.key, k.units);
         }
     }
 }
