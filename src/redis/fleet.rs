@@ -3,9 +3,10 @@
 //!
 //! Each instance holds a lease in one sorted set per namespace, `{namespace}:fleet:{members}`
 //! (one key, so one cluster slot): its member name scored by when the lease ends, on the
-//! server's clock. A background task renews it every [`BEAT`] for [`LEASE_MS`] and, in the
-//! same script, drops the expired leases and counts the rest: the count is the fleet's size
-//! as of the last renewal that succeeded. The lease is given back when the instance goes
+//! server's clock (`TIME`). A background task renews it every [`BEAT`] for [`LEASE_MS`],
+//! then drops the expired leases and counts the rest (plain commands, one pipeline, so that
+//! no script call is added to what the stores send): the count is the fleet's size as of
+//! the last renewal that succeeded. The lease is given back when the instance goes
 //! (its last store dropped); an instance that dies without giving it back stops being
 //! counted when its lease runs out. An instance is one connection (with its clones) and one
 //! namespace: the stores built on clones of one [`RedisConnection`] count once.
@@ -16,12 +17,10 @@ use std::{
     hash::{BuildHasher, RandomState},
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
-        Arc, LazyLock, Mutex, PoisonError, Weak,
+        Arc, Mutex, PoisonError, Weak,
     },
     time::Duration,
 };
-
-use ::redis::Script;
 
 use super::connection::RedisConnection;
 use super::deadline::within;
@@ -33,27 +32,6 @@ pub(crate) const BEAT: Duration = Duration::from_secs(1);
 /// How long a lease lasts without renewal: three beats, so that one lost renewal does not
 /// drop a live instance from the count.
 pub(crate) const LEASE_MS: u64 = 3_000;
-
-/// Renews (or, with `ARGV[3] == '1'`, gives back) the lease `ARGV[1]` for `ARGV[2]` ms,
-/// drops the expired leases and returns `{ instances }`.
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-if ARGV[3] == '1' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-else
-  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local n = redis.call('ZCARD', KEYS[1])
-if n > 0 then redis.call('PEXPIRE', KEYS[1], lease) end
-return { n }
-",
-    )
-});
 
 /// The fleets of one connection, by namespace (attached to the connection).
 #[derive(Default)]
@@ -136,28 +114,35 @@ impl Fleet {
         handle.spawn(renew(Arc::downgrade(self)));
     }
 
-    /// One script call: the lease renewed (or given back) and the fleet counted.
+    /// The lease renewed (or given back) and the fleet counted: `TIME`, then one
+    /// pipeline.
     async fn call(
         conn: &RedisConnection,
         key: &[u8],
         member: &str,
         leave: bool,
     ) -> Result<u32, StoreError> {
-        let lease = LEASE_MS.to_string();
-        let leave: &[u8] = if leave { b"1" } else { b"0" };
-        let reply = conn
-            .eval_script(
-                &SCRIPT,
-                &[key],
-                &[member.as_bytes(), lease.as_bytes(), leave],
-            )
-            .await?;
-        match reply.first() {
-            Some(&n) if n >= 0 => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
-            _ => Err(StoreError::backend(
-                "unexpected reply from the fleet script",
-            )),
+        let (secs, micros): (u64, u64) = conn.query(&::redis::cmd("TIME")).await?;
+        let now_ms = secs * 1000 + micros / 1000;
+        let mut pipe = ::redis::pipe();
+        if leave {
+            pipe.cmd("ZREM").arg(key).arg(member).ignore();
+        } else {
+            pipe.cmd("ZADD")
+                .arg(key)
+                .arg(now_ms + LEASE_MS)
+                .arg(member)
+                .ignore();
         }
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(key)
+            .arg("-inf")
+            .arg(now_ms)
+            .ignore();
+        pipe.cmd("PEXPIRE").arg(key).arg(LEASE_MS).ignore();
+        pipe.cmd("ZCARD").arg(key);
+        let (n,): (u32,) = conn.pipeline(&pipe).await?;
+        Ok(n)
     }
 }
 

@@ -67,9 +67,10 @@ impl Fallback {
         Some(p)
     }
 
-    /// Redis answered `d` for `key` under `policy`: the key's local state becomes the
-    /// state of that answer at the share, with the units admitted here and not yet synced
-    /// charged on top. A fresh answer for a key not held here is not kept.
+    /// Redis decided `d` for `key` under `policy` (a check: a peek's report describes the
+    /// state its cost would leave): the key's local state becomes the state of that
+    /// answer at the share, with the units admitted here and not yet synced charged on
+    /// top. A fresh answer for a key not held here is not kept.
     pub(super) fn record(&self, key: &[u8], policy: &Policy, d: &Decision) {
         let share = self.share();
         let Some(local) = self.scaled(policy, share) else {
@@ -112,6 +113,7 @@ impl Fallback {
             d
         });
         if check {
+            self.local.floors.store(true, Ordering::Release);
             self.dirty.store(true, Ordering::Release);
         }
         Some(d.with_source(Source::Fallback))
@@ -223,7 +225,7 @@ mod tests {
             policy.decide(&mut state, later, 2).outcome()
         );
         // A fresh key's answer is no state.
-        let fresh = policy.peek(&[0; MAX_WORDS], now, 1);
+        let fresh = policy.peek(&[0; MAX_WORDS], now, 0);
         assert_eq!(answered_state(&policy, &fresh, now), [0; MAX_WORDS]);
     }
 }

@@ -100,6 +100,10 @@ pub(super) struct Shared {
     pub(super) evicted_units: AtomicU64,
     /// The share of each quota the local state is decided at (1 for a local-first store).
     pub(super) share: Share,
+    /// Whether syncs raise the shared state to the local one before charging (see
+    /// `local_sync`): set when Redis failed (it may have lost its data), cleared by a
+    /// round that succeeds. Not otherwise, so that a reset is not undone.
+    pub(super) floors: AtomicBool,
 }
 
 /// A key's units and state taken for a sync: put back unless the sync succeeds.
@@ -144,6 +148,7 @@ impl Shared {
             failed_rounds: AtomicU64::new(0),
             evicted_units: AtomicU64::new(0),
             share,
+            floors: AtomicBool::new(false),
         })
     }
 

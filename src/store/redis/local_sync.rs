@@ -40,6 +40,9 @@ impl Shared {
             }
         }
         self.rounds.fetch_add(1, Ordering::Relaxed);
+        if result.is_ok() {
+            self.floors.store(false, Ordering::Release);
+        }
         if let Err(e) = &result {
             self.failed_rounds.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(target: "tollgate::redis", error = %e, "local sync round failed");
@@ -54,19 +57,22 @@ impl Shared {
             shared: self,
             keys: keys.into_iter().rev().collect(),
         };
-        while let Some(k) = left.keys.pop() {
-            if let Err(e) = self.sync_one(&k).await {
-                self.put_back(&k.key, k.units);
+        while let Some(k) = left.keys.last() {
+            // Dropped or failed here, the guard puts this key back with the rest.
+            if let Err(e) = self.sync_one(k).await {
+                self.floors.store(true, Ordering::Release);
                 return Err(e);
             }
+            left.keys.pop();
         }
         Ok(())
     }
 
-    /// Pushes one key's units and pulls the shared state back. The floor sent with them
-    /// is the shared state as this instance knew it before admitting them: its local
-    /// state with the units given back, at the whole quota. Where Redis kept the key,
-    /// its state is already there or later; where Redis lost it, it comes back.
+    /// Pushes one key's units and pulls the shared state back. Since Redis last failed,
+    /// a floor goes with them: the shared state as this instance knew it before admitting
+    /// them (its local state with the units given back, at the whole quota). Where Redis
+    /// kept the key, its state is already there or later; where Redis lost it, it comes
+    /// back.
     async fn sync_one(&self, k: &Unsynced) -> Result<(), StoreError> {
         let Some(policy) = self.tags.policy(k.tag) else {
             return Ok(());
@@ -74,9 +80,13 @@ impl Shared {
         let limits = script::limit_args(&policy).map_err(StoreError::backend)?;
         let share = self.share.get();
         let local = scaled_policy(&policy, share).map_err(StoreError::backend)?;
-        let mut known = k.state;
-        local.refund(&mut known, self.now(), k.units);
-        let floor = script::floor_args(&policy, &from_share(&policy, &known, share));
+        let floor = if self.floors.load(Ordering::Acquire) {
+            let mut known = k.state;
+            local.refund(&mut known, self.now(), k.units);
+            script::floor_args(&policy, &from_share(&policy, &known, share))
+        } else {
+            Vec::new()
+        };
         let reply = self
             .update(&k.key, Mode::Sync, k.units, limits, floor)
             .await?;

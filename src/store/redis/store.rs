@@ -199,7 +199,9 @@ impl Shared {
         match result {
             Ok(d) => {
                 if let Some(fb) = &self.fallback {
-                    fb.record(&key, &policy, &d);
+                    if mode == Mode::Check {
+                        fb.record(&key, &policy, &d);
+                    }
                     fb.answered();
                 }
                 if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
