@@ -137,16 +137,22 @@ impl RedisBuilder<ForRedisStore> {
             _ => (None, None),
         };
         let fallback = match share {
-            Some(share) => Some(Arc::new(Fallback::new(local_state::Shared::new(
-                conn.clone(),
-                names.clone(),
-                self.own.policy.clone(),
-                common.deadline,
-                self.own.max_bytes,
-                common,
-                "fallback",
-                share,
-            )?))),
+            Some(share) => {
+                let mut local = local_state::Shared::new(
+                    conn.clone(),
+                    names.clone(),
+                    self.own.policy.clone(),
+                    common.deadline,
+                    self.own.max_bytes,
+                    common,
+                    "fallback",
+                    share,
+                )?;
+                if self.own.batching {
+                    local = local.batched(conn.attached());
+                }
+                Some(Arc::new(Fallback::new(local)))
+            }
             None => None,
         };
         Ok(RedisStore {

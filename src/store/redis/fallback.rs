@@ -7,16 +7,18 @@
 //! last returned for it, advanced by the clock (a key Redis never answered for starts
 //! full, at its share). When Redis answers again, a key decided here meanwhile is synced
 //! before Redis decides it again (its units charged to the shared state, which is first
-//! raised to what this instance knew of it, should Redis have lost it), and a round syncs
-//! the other keys decided here in the background.
+//! raised to what this instance knew of it, should Redis have lost it), and a round in
+//! the background pushes the units of the others (batched with the store's calls).
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
     Arc, Mutex, PoisonError,
 };
+use std::time::Duration;
 
 use super::failure::to_share;
 use super::local_state::{force_charge, Shared as Local, Unsynced};
+use super::local_sync::Round;
 use super::script::Mode;
 use crate::algorithm::{Params, MAX_WORDS};
 use crate::decision::{Decision, Source};
@@ -25,6 +27,11 @@ use crate::policy::Policy;
 
 /// Scaled policies kept for reuse (policies per plan, times the shares seen lately).
 const SCALED: usize = 8;
+
+/// How long a background round waits after Redis answers again, gathering what is still
+/// decided here meanwhile: the most often rounds run (Redis may just have come back from
+/// an overload).
+const ROUND_PACE: Duration = Duration::from_millis(100);
 
 /// A store's local fallback. See the [module docs](self).
 pub(super) struct Fallback {
@@ -128,13 +135,15 @@ impl Fallback {
         self.local.take(key)
     }
 
-    /// Syncs one key taken by [`Fallback::take`] (put back if this fails or is dropped).
+    /// Syncs one key taken by [`Fallback::take`], with its floor (put back if this fails
+    /// or is dropped).
     pub(super) async fn sync(&self, key: Unsynced) -> Result<(), StoreError> {
-        self.local.sync_keys(vec![key]).await
+        let floors = self.local.floors.load(Ordering::Acquire);
+        self.local.sync_keys(vec![key], floors).await
     }
 
-    /// Redis answered: when keys were decided here since the last round, starts one in
-    /// the background (inside a tokio runtime).
+    /// Redis answered: when keys were decided here since the last round, a round pushes
+    /// their units in the background (inside a tokio runtime), [`ROUND_PACE`] later.
     pub(super) fn answered(self: &Arc<Self>) {
         if !self.dirty.load(Ordering::Acquire) || self.syncing.swap(true, Ordering::AcqRel) {
             return;
@@ -143,10 +152,11 @@ impl Fallback {
             self.syncing.store(false, Ordering::Release);
             return;
         };
-        self.dirty.store(false, Ordering::Release);
         let me = Arc::clone(self);
         handle.spawn(async move {
-            if me.local.clone().sync_round().await.is_err() {
+            tokio::time::sleep(ROUND_PACE).await;
+            me.dirty.store(false, Ordering::Release);
+            if me.local.clone().sync_round(Round::Admitted).await.is_err() {
                 me.dirty.store(true, Ordering::Release);
             }
             me.syncing.store(false, Ordering::Release);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::builder::{ForRedisStore, KEYS};
 use super::failure::Share;
 use super::local_state::{force_charge, Shared};
-use super::local_sync::run;
+use super::local_sync::{run, Round};
 use super::script::{self, Mode};
 use super::store::RedisStore;
 use crate::decision::Decision;
@@ -134,7 +134,7 @@ impl LocalFirstStore {
     /// Runs one reconciliation round now (also what the task does every interval).
     /// Returns how many keys were reconciled.
     pub async fn sync(&self) -> Result<usize, StoreError> {
-        self.inner.clone().sync_round().await
+        self.inner.clone().sync_round(Round::Every).await
     }
 
     /// Rounds completed and rounds that failed (Redis unreachable) so far.

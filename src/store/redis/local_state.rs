@@ -11,6 +11,7 @@ use std::{
     time::Duration,
 };
 
+use super::batch::{self, Batcher, Call, Request};
 use super::failure::Share;
 use super::script::{Args, Mode};
 use crate::{
@@ -104,6 +105,9 @@ pub(super) struct Shared {
     /// `local_sync`): set when Redis failed (it may have lost its data), cleared by a
     /// round that succeeds. Not otherwise, so that a reset is not undone.
     pub(super) floors: AtomicBool,
+    /// The connection's batcher, through which syncs without a floor go (a fallback's,
+    /// when its store batches); `None`: every call its own.
+    batcher: Option<Arc<Batcher>>,
 }
 
 /// A key's units and state taken for a sync: put back unless the sync succeeds.
@@ -149,7 +153,14 @@ impl Shared {
             evicted_units: AtomicU64::new(0),
             share,
             floors: AtomicBool::new(false),
+            batcher: None,
         })
+    }
+
+    /// Sends the syncs without a floor through `batcher` (see [`batch`]).
+    pub(super) fn batched(mut self, batcher: Arc<Batcher>) -> Self {
+        self.batcher = Some(batcher);
+        self
     }
 
     /// The server's time as this instance estimates it: the clock plus the offset seen at
@@ -259,7 +270,8 @@ impl Shared {
     }
 
     /// One call of the general script (a sync, a ban) on `key`, under the deadline (a
-    /// sync with its floor, see `script::floor_args`).
+    /// sync with its floor, see `script::floor_args`), through the batcher when there is
+    /// one and no floor (a batch carries none).
     pub(super) async fn update(
         &self,
         key: &[u8],
@@ -276,8 +288,20 @@ impl Shared {
             general: true,
             floor,
         };
-        self.in_time(self.conn.invoke(&args.invocation(key, true)))
-            .await
+        match &self.batcher {
+            Some(batcher) if args.floor.is_empty() => {
+                let request = Request {
+                    key: key.to_vec(),
+                    call: Call::Script(args),
+                };
+                self.in_time(batch::request(&self.conn, batcher, request, true))
+                    .await
+            }
+            _ => {
+                self.in_time(self.conn.invoke(&args.invocation(key, true)))
+                    .await
+            }
+        }
     }
 
     /// Drops a key's local entry.

@@ -15,12 +15,29 @@ use crate::{algorithm::MAX_WORDS, error::StoreError, policy::Policy, store::map}
 /// Keys synced concurrently in one round.
 const CONCURRENCY: usize = 16;
 
+/// What a round syncs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Round {
+    /// Every key decided here since the last round, with floors after Redis failed: a
+    /// local-first store's round.
+    Every,
+    /// The keys with units admitted here, without floors (so through the batcher, if
+    /// any): a fallback's round in the background, after an outage. Each key's floor goes
+    /// with its own sync, before Redis decides it again for this instance.
+    Admitted,
+}
+
 impl Shared {
-    /// One round: every key used since the last one is pushed and pulled, by up to
-    /// [`CONCURRENCY`] tasks. Returns how many keys were reconciled.
-    pub(super) async fn sync_round(self: Arc<Self>) -> Result<usize, StoreError> {
+    /// One round: the keys `round` says are pushed and pulled, by up to [`CONCURRENCY`]
+    /// tasks. Returns how many keys were reconciled.
+    pub(super) async fn sync_round(self: Arc<Self>, round: Round) -> Result<usize, StoreError> {
         let mut batch: Vec<Unsynced> = Vec::new();
-        self.map.for_each_one(|e| batch.extend(take(e)));
+        self.map.for_each_one(|e| {
+            if round == Round::Every || e.pending > 0 {
+                batch.extend(take(e));
+            }
+        });
+        let floors = round == Round::Every && self.floors.load(Ordering::Acquire);
         let n = batch.len();
         let chunk = n.div_ceil(CONCURRENCY).max(1);
         let mut tasks = tokio::task::JoinSet::new();
@@ -31,7 +48,7 @@ impl Shared {
                 break;
             }
             let me = self.clone();
-            tasks.spawn(async move { me.sync_keys(part).await });
+            tasks.spawn(async move { me.sync_keys(part, floors).await });
         }
         let mut result = Ok(n);
         while let Some(r) = tasks.join_next().await {
@@ -40,7 +57,7 @@ impl Shared {
             }
         }
         self.rounds.fetch_add(1, Ordering::Relaxed);
-        if result.is_ok() {
+        if result.is_ok() && round == Round::Every {
             self.floors.store(false, Ordering::Release);
         }
         if let Err(e) = &result {
@@ -50,16 +67,20 @@ impl Shared {
         result
     }
 
-    /// Syncs keys one after the other; after a failure, or when the sync is dropped
-    /// midway, the rest are put back unsent.
-    pub(super) async fn sync_keys(&self, keys: Vec<Unsynced>) -> Result<(), StoreError> {
+    /// Syncs keys one after the other, with floors when `floors`; after a failure, or
+    /// when the sync is dropped midway, the rest are put back unsent.
+    pub(super) async fn sync_keys(
+        &self,
+        keys: Vec<Unsynced>,
+        floors: bool,
+    ) -> Result<(), StoreError> {
         let mut left = Unsent {
             shared: self,
             keys: keys.into_iter().rev().collect(),
         };
         while let Some(k) = left.keys.last() {
             // Dropped or failed here, the guard puts this key back with the rest.
-            if let Err(e) = self.sync_one(k).await {
+            if let Err(e) = self.sync_one(k, floors).await {
                 self.floors.store(true, Ordering::Release);
                 return Err(e);
             }
@@ -68,19 +89,18 @@ impl Shared {
         Ok(())
     }
 
-    /// Pushes one key's units and pulls the shared state back. Since Redis last failed,
-    /// a floor goes with them: the shared state as this instance knew it before admitting
-    /// them (its local state with the units given back, at the whole quota). Where Redis
-    /// kept the key, its state is already there or later; where Redis lost it, it comes
-    /// back.
-    async fn sync_one(&self, k: &Unsynced) -> Result<(), StoreError> {
+    /// Pushes one key's units and pulls the shared state back. With `floors`, a floor
+    /// goes with them: the shared state as this instance knew it before admitting them
+    /// (its local state with the units given back, at the whole quota). Where Redis kept
+    /// the key, its state is already there or later; where Redis lost it, it comes back.
+    async fn sync_one(&self, k: &Unsynced, floors: bool) -> Result<(), StoreError> {
         let Some(policy) = self.tags.policy(k.tag) else {
             return Ok(());
         };
         let limits = script::limit_args(&policy).map_err(StoreError::backend)?;
         let share = self.share.get();
         let local = scaled_policy(&policy, share).map_err(StoreError::backend)?;
-        let floor = if self.floors.load(Ordering::Acquire) {
+        let floor = if floors {
             let mut known = k.state;
             local.refund(&mut known, self.now(), k.units);
             script::floor_args(&policy, &from_share(&policy, &known, share))
@@ -158,6 +178,6 @@ pub(super) async fn run(weak: Weak<Shared>, interval: Duration) {
         let Some(shared) = weak.upgrade() else {
             return;
         };
-        let _ = shared.sync_round().await;
+        let _ = shared.sync_round(Round::Every).await;
     }
 }
