@@ -138,7 +138,8 @@ impl RedisBuilder<ForRedisStore> {
         };
         let fallback = match share {
             Some(share) => {
-                let mut local = local_state::Shared::new(
+                // Its rounds are off the request path: batched whatever the decisions.
+                let local = local_state::Shared::new(
                     conn.clone(),
                     names.clone(),
                     self.own.policy.clone(),
@@ -147,10 +148,8 @@ impl RedisBuilder<ForRedisStore> {
                     common,
                     "fallback",
                     share,
-                )?;
-                if self.own.batching {
-                    local = local.batched(conn.attached());
-                }
+                )?
+                .batched(conn.attached());
                 Some(Arc::new(Fallback::new(local)))
             }
             None => None,

@@ -12,7 +12,7 @@ use crate::redis::Fleet;
 
 /// What a [`RedisStore`](super::RedisStore) decides when Redis fails, times out, or its
 /// circuit breaker is open. See the [module docs](super).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Admit every request ([`Source::FailOpen`](crate::decision::Source::FailOpen)). No limiting
@@ -44,13 +44,8 @@ pub enum FailurePolicy {
     /// counted on Redis at the last successful count (each instance renews a lease every
     /// second; see the [module docs](super#the-fleet-and-its-share)). The default. Before
     /// the first count (Redis unreachable since start) the share is 1.
+    #[default]
     FleetShare,
-}
-
-impl Default for FailurePolicy {
-    fn default() -> Self {
-        FailurePolicy::FleetShare
-    }
 }
 
 /// Where a local state's share of each quota comes from.

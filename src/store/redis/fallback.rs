@@ -77,7 +77,8 @@ impl Fallback {
     /// Redis decided `d` for `key` under `policy` (a check: a peek's report describes the
     /// state its cost would leave): the key's local state becomes the state of that
     /// answer at the share, with the units admitted here and not yet synced charged on
-    /// top. A fresh answer for a key not held here is not kept.
+    /// top, unless it holds a later one already (concurrent answers may come back in any
+    /// order). A fresh answer for a key not held here is not kept.
     pub(super) fn record(&self, key: &[u8], policy: &Policy, d: &Decision) {
         let share = self.share();
         let Some(local) = self.scaled(policy, share) else {
@@ -86,10 +87,11 @@ impl Fallback {
         let now = self.local.now();
         let state = answered_state(policy, d, now);
         let apply = |e: &mut super::local_state::Entry, now: u64| {
-            e.state = to_share(policy, &state, share);
+            let mut answered = to_share(policy, &state, share);
             if e.pending > 0 {
-                force_charge(&local, &mut e.state, now, e.pending);
+                force_charge(&local, &mut answered, now, e.pending);
             }
+            e.state = fuller(policy, &e.state, &answered);
         };
         if state == [0; MAX_WORDS] {
             self.local.existing(key, policy, apply);
@@ -200,10 +202,31 @@ fn answered_state(policy: &Policy, d: &Decision, now: u64) -> [u64; MAX_WORDS] {
     out
 }
 
+/// Of two states of `policy`, the later, limit by limit: a GCRA limit's later TAT; a
+/// window's later window, or in the same window the larger of each count.
+fn fuller(policy: &Policy, a: &[u64; MAX_WORDS], b: &[u64; MAX_WORDS]) -> [u64; MAX_WORDS] {
+    let mut out = *a;
+    let mut off = 0;
+    for l in policy.limits() {
+        let words = l.params.words();
+        let (x, y) = (&a[off..off + words], &b[off..off + words]);
+        if y[0] > x[0] {
+            out[off..off + words].copy_from_slice(y);
+        } else if y[0] == x[0] && !matches!(l.params, Params::Gcra(_)) {
+            for (o, c) in out[off + 1..off + words].iter_mut().zip(&y[1..]) {
+                *o = (*o).max(*c);
+            }
+        }
+        off += words;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Limit, Quota};
+    use crate::algorithm::Limit;
+    use crate::quota::Quota;
 
     /// What the in-memory store decides, read back through its answer: the same state
     /// (GCRA, fixed window) or a cautious one (sliding window).
@@ -234,6 +257,10 @@ mod tests {
             policy.decide(&mut from_answer, later, 2).outcome(),
             policy.decide(&mut state, later, 2).outcome()
         );
+        // An earlier answer coming back last leaves the later state.
+        let earlier = answered_state(&policy, &policy.peek(&[0; MAX_WORDS], now, 0), now);
+        assert_eq!(fuller(&policy, &got, &earlier), got);
+        assert_eq!(fuller(&policy, &earlier, &got), got);
         // A fresh key's answer is no state.
         let fresh = policy.peek(&[0; MAX_WORDS], now, 0);
         assert_eq!(answered_state(&policy, &fresh, now), [0; MAX_WORDS]);
