@@ -92,7 +92,8 @@ impl RedisBuilder<ForRedisStore> {
     /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
     /// stores built on clones of one connection batch together. A
     /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
-    /// does not batch. See the [module docs](super).
+    /// does not batch; the local fallback's background pushes after an outage go through
+    /// the batcher either way. See the [module docs](super).
     pub fn batching(mut self, on: bool) -> Self {
         self.own.batching = on;
         self
