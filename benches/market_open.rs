@@ -14,12 +14,13 @@
 //!
 //! Modes: every decision a Redis call, failing open past an 8 ms deadline (the common
 //! setup, which lets requests through unchecked once Redis cannot keep up); the same
-//! falling back to a local limiter at 1/N of each quota (tollgate's advice); both again
-//! with the concurrent calls of a connection batched into one script call
-//! (`.batching(..)`, the default); and local-first, deciding in memory and reconciling
-//! every 200 ms (per-client state kept local). Reported: the limiter's latency per request
-//! (both checks), Redis commands per second, and the admitted rate during the peak against
-//! the global limit.
+//! falling back locally (the default failure policy: each key from the state Redis last
+//! returned, at 1/N of each quota with N the instances counted on Redis, charged to Redis
+//! when it answers again); both again with the concurrent calls of a connection batched
+//! into one script call (`.batching(..)`, the default); and local-first, deciding in
+//! memory and reconciling every 200 ms (per-client state kept local). Reported: the
+//! limiter's latency per request (both checks), Redis commands per second, and the
+//! admitted rate during the peak against the global limit.
 //! `MARKET_STEADY`, `MARKET_PEAK`, `MARKET_INSTANCES` and `MARKET_MODES` (a comma-separated
 //! list of substrings of the mode names) override the defaults.
 
@@ -97,6 +98,17 @@ impl Instance {
     }
 }
 
+impl Instance {
+    /// Whether the fallback (if any) counts `n` instances.
+    fn counts(&self, n: usize) -> bool {
+        let share = |s: &RedisStore| s.fallback_share().is_none_or(|x| x == 1.0 / n as f64);
+        match self {
+            Instance::Redis { client, global } => share(client) && share(global),
+            Instance::LocalFirst { .. } => true,
+        }
+    }
+}
+
 fn degraded(d: &Decision) -> bool {
     matches!(
         d.source(),
@@ -117,23 +129,21 @@ impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::FailOpen => "per request, fail open past 8 ms",
-            Mode::Fallback => "per request, local fallback at 1/N past 8 ms",
+            Mode::Fallback => "per request, fallback at the fleet's 1/N past 8 ms",
             Mode::BatchedFailOpen => "batched, fail open past 8 ms",
-            Mode::BatchedFallback => "batched, local fallback at 1/N past 8 ms",
+            Mode::BatchedFallback => "batched, fallback at the fleet's 1/N past 8 ms",
             Mode::LocalFirst => "local-first, reconciled every 200 ms",
         }
     }
 }
 
-async fn instance(url: &str, mode: Mode, n: usize, ns: &str, global: Limit) -> Instance {
+async fn instance(url: &str, mode: Mode, ns: &str, global: Limit) -> Instance {
     let client_limit =
         Limit::token_bucket(Quota::per_second(200).unwrap().with_burst(400).unwrap()).unwrap();
     let conn = RedisConnection::connect(url).await.unwrap();
     let failure = match mode {
         Mode::FailOpen | Mode::BatchedFailOpen => FailurePolicy::FailOpen,
-        _ => FailurePolicy::LocalFallback {
-            share: 1.0 / n as f64,
-        },
+        _ => FailurePolicy::default(),
     };
     let batching = matches!(mode, Mode::BatchedFailOpen | Mode::BatchedFallback);
     let builder = |limit: Limit, part: &str| {
@@ -205,8 +215,17 @@ async fn run(url: &str, mode: Mode, n: usize, steady: u64, peak: u64, global: u6
     let mut instances = Vec::new();
     for _ in 0..n {
         instances.push(Arc::new(
-            instance(url, mode, n, &ns, global_limit.clone()).await,
+            instance(url, mode, &ns, global_limit.clone()).await,
         ));
+    }
+    // The fallback's share: every instance counted by every other.
+    let counted = Instant::now();
+    while !instances.iter().all(|i| i.counts(n)) {
+        assert!(
+            counted.elapsed() < Duration::from_secs(5),
+            "fleet not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let peak_admitted = Arc::new(AtomicU64::new(0));

@@ -56,6 +56,14 @@ pub(crate) trait Flavour<Req>: Prepare {
         let _ = req;
         None
     }
+
+    /// Runs `f`, the layer asking its store for `req`, with the request's store budget
+    /// (one deadline however many layers wait for Redis) where the request can carry one;
+    /// by default `f` runs as it is.
+    fn with_budget<R>(&self, req: &mut Req, f: impl FnOnce() -> R) -> R {
+        let _ = req;
+        f()
+    }
     /// The index in `set` of the policy the layer's selector picks for `req` and `key`.
     fn choose<K: 'static>(
         &self,

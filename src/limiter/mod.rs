@@ -291,7 +291,9 @@ where
         if let Some(d) = &self.store.decide_now(&key, policy, cost) {
             return Begin::Now(self.respond(req, &at, key, d, false));
         }
-        let mut check = self.store.decide(&key, policy, cost);
+        let mut check = self
+            .flavour
+            .with_budget(req, || self.store.decide(&key, policy, cost));
         match check.take_ready() {
             Some(result) => Begin::Now(self.answered(req, &at, key, result)),
             None => {

@@ -198,6 +198,17 @@ impl<B> Flavour<Request<B>> for Http {
         self.access.screen(req)
     }
 
+    /// The budget lives in the request's extensions, where every layer it passes finds
+    /// it (a Redis store's call draws on it).
+    #[cfg(feature = "redis")]
+    fn with_budget<R>(&self, req: &mut Request<B>, f: impl FnOnce() -> R) -> R {
+        let budget = req
+            .extensions_mut()
+            .get_or_insert_default::<crate::redis::Budget>()
+            .clone();
+        crate::redis::with_budget(&budget, f)
+    }
+
     #[inline]
     fn settles(&self) -> bool {
         self.settle.is_some()

@@ -106,6 +106,23 @@ impl Breaker {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
+        self.call_within(deadline, deadline, make, changed).await
+    }
+
+    /// [`Breaker::call`] under `deadline`, shorter than the store's own deadline `own`
+    /// when the request has less time left (a [`Budget`](super::deadline::Budget)): a
+    /// call that misses such a shortened deadline is not counted as a failure of Redis
+    /// (it may not have had the time a call needs).
+    pub(crate) async fn call_within<T, F>(
+        &self,
+        own: Duration,
+        deadline: Duration,
+        make: impl FnOnce() -> F,
+        changed: impl FnOnce(BreakerState),
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
         let Some(permit) = self.permit() else {
             return Err(StoreError::CircuitOpen);
         };
@@ -115,6 +132,10 @@ impl Breaker {
             done: false,
         };
         let result = within(deadline, make()).await;
+        if deadline < own && matches!(result, Err(StoreError::Timeout(_))) {
+            // Dropping the guard gives a probe's permit back.
+            return result;
+        }
         guard.done = true;
         let change = match &result {
             Ok(_) => self.success(permit),

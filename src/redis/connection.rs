@@ -5,7 +5,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ::redis::{aio::ConnectionManager, cluster_async::ClusterConnection, Cmd, FromRedisValue};
+use ::redis::{
+    aio::ConnectionManager, cluster_async::ClusterConnection, Cmd, FromRedisValue, Pipeline,
+};
 
 use super::script::{self, Invocation};
 use crate::error::StoreError;
@@ -117,6 +119,17 @@ impl RedisConnection {
         args: &[&[u8]],
     ) -> Result<Vec<i64>, StoreError> {
         self.invoke(&Invocation::new(script, keys, args)).await
+    }
+
+    /// Sends one pipeline of plain commands (their keys in one slot on a cluster).
+    pub(crate) async fn pipeline<T: FromRedisValue>(
+        &self,
+        pipe: &Pipeline,
+    ) -> Result<T, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => pipe.query_async(&mut c.clone()).await.map_err(backend),
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await.map_err(backend),
+        }
     }
 
     /// Sends one plain command.

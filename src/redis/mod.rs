@@ -1,13 +1,15 @@
 //! What every Redis-backed store uses (feature `redis`): the connection, the deadline of a
-//! call, the circuit breaker, key naming, script invocation, and the settings and setters
-//! every store's builder shares. The stores themselves are the rate store
-//! ([`crate::store::redis`]), the in-flight store ([`crate::inflight::RedisInFlight`]) and
-//! the fair-share store ([`crate::fair::RedisFair`]).
+//! call (and a request's budget across layers), the circuit breaker, the count of the
+//! fleet, key naming, script invocation, and the settings and setters every store's
+//! builder shares. The stores themselves are the rate store ([`crate::store::redis`]), the
+//! in-flight store ([`crate::inflight::RedisInFlight`]) and the fair-share store
+//! ([`crate::fair::RedisFair`]).
 
 mod breaker;
 mod builder;
 mod connection;
 mod deadline;
+mod fleet;
 mod keys;
 mod script;
 
@@ -18,6 +20,7 @@ pub(crate) use builder::OwnClock;
 pub use builder::RedisBuilder;
 pub(crate) use connection::Conn;
 pub use connection::RedisConnection;
-pub(crate) use deadline::within;
+pub(crate) use deadline::{current_budget, with_budget, within, Budget};
+pub(crate) use fleet::Fleet;
 pub(crate) use keys::{prefix as key_prefix, push_sha1_hex, KeyNames};
 pub(crate) use script::{run, Invocation};

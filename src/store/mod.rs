@@ -140,15 +140,6 @@ impl<T> StoreFuture<T> {
         }
     }
 
-    /// The answer of a future that is ready with one.
-    #[cfg(feature = "redis")]
-    pub(crate) fn take_ready_now(mut self) -> Option<T> {
-        match self.take_ready() {
-            Some(Ok(d)) => Some(d),
-            _ => None,
-        }
-    }
-
     /// Takes the answer if it is already known, so a caller can skip a poll.
     #[inline]
     pub fn take_ready(&mut self) -> Option<Result<T, StoreError>> {

@@ -3,15 +3,17 @@
 
 use std::sync::Arc;
 
-use super::failure::{scaled_policy, FailurePolicy};
+use super::failure::{check_share, FailurePolicy, Share};
+use super::fallback::Fallback;
+use super::local_state;
 use super::negative::NegativeCache;
 use super::script;
 use super::store::{RedisStore, Shared};
 use crate::error::ConfigError;
 use crate::observe::StoreMetrics;
 use crate::policy::Policy;
-use crate::redis::{KeyNames, OwnClock, RedisBuilder, RedisConnection};
-use crate::store::{MemoryStore, DEFAULT_MAX_BYTES};
+use crate::redis::{Fleet, KeyNames, OwnClock, RedisBuilder, RedisConnection};
+use crate::store::DEFAULT_MAX_BYTES;
 
 /// The kind part of the rate store's key names (the layout's version): one key per client
 /// holding every limit's state.
@@ -55,8 +57,8 @@ impl RedisStore {
 
 /// A [`RedisStore`]'s own setters.
 impl RedisBuilder<ForRedisStore> {
-    /// What to decide when Redis fails (default
-    /// [`FailurePolicy::LocalFallback`] with `share` 1.0).
+    /// What to decide when Redis fails (default [`FailurePolicy::FleetShare`]: a local
+    /// fallback at `1 / N` of each quota, `N` the instances counted on Redis).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.own.failure = policy;
         self
@@ -90,14 +92,15 @@ impl RedisBuilder<ForRedisStore> {
     /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
     /// stores built on clones of one connection batch together. A
     /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
-    /// does not batch. See the [module docs](super).
+    /// does not batch; the local fallback's background pushes after an outage go through
+    /// the batcher either way. See the [module docs](super).
     pub fn batching(mut self, on: bool) -> Self {
         self.own.batching = on;
         self
     }
 
     /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
-    /// fallback limiter of a [`RedisStore`], the local state of a
+    /// fallback state of a [`RedisStore`], the local state of a
     /// [`LocalFirstStore`](super::LocalFirstStore).
     pub fn max_bytes(mut self, bytes: usize) -> Self {
         self.own.max_bytes = bytes;
@@ -112,34 +115,58 @@ impl RedisBuilder<ForRedisStore> {
 
     /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
     /// (see the [module docs](super)), a bad namespace, a zero deadline, a fallback share
-    /// outside `(0, 1]` and a memory budget too small for one key.
+    /// outside `(0, 1]` and a memory budget too small for one key. With a local fallback,
+    /// the instance joins the namespace's fleet (see the [module docs](super)); inside a
+    /// tokio runtime its lease is taken at once, otherwise at the first decision.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisStore, ConfigError> {
         self.check_common()?;
         self.common.check_deadline()?;
         let common = &self.common;
         let clock = common.clock();
-        let fallback = match self.own.failure {
-            FailurePolicy::LocalFallback { share } => Some((
-                MemoryStore::new(scaled_policy(&self.own.policy, share)?)
-                    .with_clock(clock.clone())
-                    .with_max_bytes(self.own.max_bytes)?
-                    .with_label(&format!("{}-fallback", common.namespace)),
-                share,
-            )),
-            _ => None,
-        };
         let conn: RedisConnection = connection.into();
+        let names = KeyNames::new(&common.namespace, KEYS, self.own.readable_keys);
+        let (share, fleet) = match self.own.failure {
+            FailurePolicy::LocalFallback { share } => {
+                check_share(share)?;
+                let fleet = Fleet::join(&conn, &common.namespace);
+                (Some(Share::Fixed(share)), Some(fleet))
+            }
+            FailurePolicy::FleetShare => {
+                let fleet = Fleet::join(&conn, &common.namespace);
+                (Some(Share::Fleet(fleet.clone())), Some(fleet))
+            }
+            _ => (None, None),
+        };
+        let fallback = match share {
+            Some(share) => {
+                // Its rounds are off the request path: batched whatever the decisions.
+                let local = local_state::Shared::new(
+                    conn.clone(),
+                    names.clone(),
+                    self.own.policy.clone(),
+                    common.deadline,
+                    self.own.max_bytes,
+                    common,
+                    "fallback",
+                    share,
+                )?
+                .batched(conn.attached());
+                Some(Arc::new(Fallback::new(local)))
+            }
+            None => None,
+        };
         Ok(RedisStore {
             inner: Arc::new(Shared {
                 batcher: conn.attached(),
                 conn,
-                names: KeyNames::new(&common.namespace, KEYS, self.own.readable_keys),
+                names,
                 policy: self.own.policy,
                 metrics: StoreMetrics::network(&common.namespace),
                 deadline: common.deadline,
                 breaker: common.breaker(clock.clone()),
                 failure: self.own.failure,
                 fallback,
+                fleet,
                 negative: (self.own.negative_cache > 0)
                     .then(|| NegativeCache::new(self.own.negative_cache)),
                 overrides: common.clock.is_some(),

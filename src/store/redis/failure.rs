@@ -1,15 +1,18 @@
-//! What the Redis store answers when Redis cannot.
+//! What the Redis store answers when Redis cannot, and the share of each quota its local
+//! fallback applies.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Limit};
+use crate::algorithm::{Algorithm, Limit, Params, MAX_WORDS};
 use crate::error::ConfigError;
 use crate::policy::Policy;
 use crate::quota::Quota;
+use crate::redis::Fleet;
 
 /// What a [`RedisStore`](super::RedisStore) decides when Redis fails, times out, or its
 /// circuit breaker is open. See the [module docs](super).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Admit every request ([`Source::FailOpen`](crate::decision::Source::FailOpen)). No limiting
@@ -21,37 +24,59 @@ pub enum FailurePolicy {
         /// The retry-after of the refusals.
         retry_after: Duration,
     },
-    /// Decide from a per-instance in-memory store with the same algorithms at `share` of
-    /// each quota ([`Source::Fallback`](crate::decision::Source::Fallback)). With `N` instances,
-    /// `share = 1.0 / N` keeps the fleet near the shared limit. The default, with
-    /// `share = 1.0`.
+    /// Decide from a per-instance local state at `share` of each quota
+    /// ([`Source::Fallback`](crate::decision::Source::Fallback)), each key continuing from
+    /// the state Redis last returned for it (a key Redis never answered for starts full, at
+    /// its share). What it admits is charged to the shared state once Redis answers again.
+    /// With `N` instances, `share = 1.0 / N` keeps the fleet at the shared limit;
+    /// [`FailurePolicy::FleetShare`] (the default) counts `N` itself.
     ///
     /// Scaling: a GCRA-based limit keeps its exact rate times `share` (the emission
     /// interval is divided by `share`); its burst, a queue's size and `nodelay`, and a
-    /// window's limit are multiplied by `share` and rounded to the nearest integer, at
-    /// least 1 (a queue and `nodelay` at least 0).
+    /// window's limit are multiplied by `share` and rounded down, at least 1 (a queue and
+    /// `nodelay` at least 0), so that `N` instances at `1 / N` never hold more than the
+    /// whole (unless a part rounds up to 1).
     LocalFallback {
         /// Fraction of each quota, in `(0, 1]`.
         share: f64,
     },
+    /// [`FailurePolicy::LocalFallback`] at `1 / N` of each quota, `N` being the instances
+    /// counted on Redis at the last successful count (each instance renews a lease every
+    /// second; see the [module docs](super#the-fleet-and-its-share)). The default. Before
+    /// the first count (Redis unreachable since start) the share is 1.
+    #[default]
+    FleetShare,
 }
 
-impl Default for FailurePolicy {
-    fn default() -> Self {
-        FailurePolicy::LocalFallback { share: 1.0 }
+/// Where a local state's share of each quota comes from.
+#[derive(Clone, Debug)]
+pub(super) enum Share {
+    /// A share given (1.0: the whole quota, as a local-first store decides).
+    Fixed(f64),
+    /// `1 / N`, `N` the fleet's size at its last count.
+    Fleet(Arc<Fleet>),
+}
+
+impl Share {
+    /// The share now.
+    pub(super) fn get(&self) -> f64 {
+        match self {
+            Share::Fixed(s) => *s,
+            Share::Fleet(f) => 1.0 / f64::from(f.size().unwrap_or(1).max(1)),
+        }
     }
 }
 
+/// `share` of `v`, rounded down, at least `min`.
 fn scale(v: u64, share: f64, min: u64) -> u64 {
-    ((v as f64 * share).round() as u64).max(min)
+    ((v as f64 * share).floor() as u64).max(min)
 }
 
 /// The policy at `share` of each quota (see [`FailurePolicy::LocalFallback`]).
 pub(super) fn scaled_policy(policy: &Policy, share: f64) -> Result<Policy, ConfigError> {
-    if !(share > 0.0 && share <= 1.0) {
-        return Err(ConfigError::Store(format!(
-            "fallback share must be in (0, 1], got {share}"
-        )));
+    check_share(share)?;
+    if share == 1.0 {
+        return Ok(policy.clone());
     }
     let mut limits = Vec::with_capacity(policy.limits().len());
     for l in policy.limits() {
@@ -85,6 +110,47 @@ pub(super) fn scaled_policy(policy: &Policy, share: f64) -> Result<Policy, Confi
     Policy::from_limits(limits)
 }
 
+/// Refuses a share outside `(0, 1]`.
+pub(super) fn check_share(share: f64) -> Result<(), ConfigError> {
+    if !(share > 0.0 && share <= 1.0) {
+        return Err(ConfigError::Store(format!(
+            "fallback share must be in (0, 1], got {share}"
+        )));
+    }
+    Ok(())
+}
+
+/// A state of `policy` (the shared limits) as the state of the policy at `share`: a GCRA
+/// state as it is (its fill is the same fraction of both buckets), a window's counts times
+/// `share` rounded up.
+pub(super) fn to_share(policy: &Policy, state: &[u64], share: f64) -> [u64; MAX_WORDS] {
+    map_counts(policy, state, |c| (c as f64 * share).ceil() as u64)
+}
+
+/// A state of the policy at `share` as a state of `policy`: the inverse of [`to_share`],
+/// counts rounded up.
+pub(super) fn from_share(policy: &Policy, state: &[u64], share: f64) -> [u64; MAX_WORDS] {
+    map_counts(policy, state, |c| (c as f64 / share).ceil() as u64)
+}
+
+/// `state` with every window count mapped by `f` (GCRA words and window tags as they are).
+fn map_counts(policy: &Policy, state: &[u64], f: impl Fn(u64) -> u64) -> [u64; MAX_WORDS] {
+    let mut out = [0; MAX_WORDS];
+    let w = policy.state_words().min(state.len());
+    out[..w].copy_from_slice(&state[..w]);
+    let mut off = 0;
+    for l in policy.limits() {
+        let words = l.params.words();
+        if !matches!(l.params, Params::Gcra(_)) {
+            for c in &mut out[off + 1..off + words] {
+                *c = f(*c);
+            }
+        }
+        off += words;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,13 +168,13 @@ mod tests {
         let l = h.limits();
         assert_eq!(l[0].quota().emission_interval(), Duration::from_millis(200));
         assert_eq!(l[0].quota().burst(), 10);
-        assert_eq!(l[1].quota().limit(), 4); // 3.5 rounds to 4
+        assert_eq!(l[1].quota().limit(), 3); // 3.5 rounds down
         assert_eq!(l[1].quota().period(), Duration::from_secs(60));
         assert_eq!(l[2].quota().emission_interval(), Duration::from_millis(500));
         assert_eq!(
             l[2].algorithm(),
             Algorithm::LeakyQueue {
-                queue: 3,
+                queue: 2,
                 nodelay: 0
             }
         );

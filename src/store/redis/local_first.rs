@@ -5,8 +5,9 @@ use std::sync::{atomic::Ordering, Arc, PoisonError};
 use std::time::Duration;
 
 use super::builder::{ForRedisStore, KEYS};
+use super::failure::Share;
 use super::local_state::{force_charge, Shared};
-use super::local_sync::run;
+use super::local_sync::{run, Round};
 use super::script::{self, Mode};
 use super::store::RedisStore;
 use crate::decision::Decision;
@@ -34,7 +35,9 @@ use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 /// one extra window limit, so the fleet then backs off until it is paid.
 ///
 /// **Redis down.** Each instance keeps limiting with its own state (at most the full
-/// quota per instance); pending units are pushed once Redis answers again.
+/// quota per instance); pending units are pushed once Redis answers again, each key's
+/// shared state first raised to what this instance last knew of it (so a Redis restarted
+/// without its data gets back the state of every key used meanwhile).
 ///
 /// **Memory.** The local state is bounded in bytes ([`max_bytes`](RedisBuilder::max_bytes),
 /// default 32 MiB). At the budget, keys that are fresh, unused since the last round and
@@ -131,7 +134,7 @@ impl LocalFirstStore {
     /// Runs one reconciliation round now (also what the task does every interval).
     /// Returns how many keys were reconciled.
     pub async fn sync(&self) -> Result<usize, StoreError> {
-        self.inner.clone().sync_round().await
+        self.inner.clone().sync_round(Round::Every).await
     }
 
     /// Rounds completed and rounds that failed (Redis unreachable) so far.
@@ -193,6 +196,8 @@ impl RedisBuilder<ForRedisStore> {
             interval.max(Duration::from_millis(10)),
             self.own.max_bytes,
             &self.common,
+            "local",
+            Share::Fixed(1.0),
         )?;
         Ok(LocalFirstStore {
             inner: Arc::new(shared),
@@ -259,9 +264,12 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
             Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
         };
         let shared = self.inner.clone();
-        StoreFuture::boxed(
-            async move { shared.update(&k, Mode::Ban, ns, limits).await.map(|_| ()) },
-        )
+        StoreFuture::boxed(async move {
+            shared
+                .update(&k, Mode::Ban, ns, limits, Vec::new())
+                .await
+                .map(|_| ())
+        })
     }
 
     /// Forgets the local state (with its units not yet pushed) and deletes the shared

@@ -1,5 +1,7 @@
-//! The per-instance state of a [`LocalFirstStore`](super::LocalFirstStore): what each
-//! key's requests are decided from, bounded in bytes.
+//! The per-instance state of a [`LocalFirstStore`](super::LocalFirstStore) and of a
+//! [`RedisStore`](super::RedisStore)'s local fallback: what each key's requests are
+//! decided from locally, bounded in bytes, with the units admitted here not yet charged to
+//! the shared state.
 
 use std::{
     sync::{
@@ -9,6 +11,8 @@ use std::{
     time::Duration,
 };
 
+use super::batch::{self, Batcher, Call, Request};
+use super::failure::Share;
 use super::script::{Args, Mode};
 use crate::{
     algorithm::{Params, MAX_WORDS},
@@ -27,9 +31,12 @@ use crate::{
 pub(super) struct Entry {
     /// The Redis key.
     pub(super) key: Box<[u8]>,
-    /// The policy the state is for (see `store::tags`).
+    /// The policy the state is for (see `store::tags`): the shared limits, whose units
+    /// the sync pushes.
     pub(super) tag: u32,
-    /// The policy's state words in the server's clock (ns since the Unix epoch).
+    /// The state words, in the server's clock (ns since the Unix epoch), of the policy at
+    /// the store's share (see [`Shared::share`]): the shared policy's own for a
+    /// local-first store.
     pub(super) state: [u64; MAX_WORDS],
     /// Units admitted here and not yet pushed to Redis.
     pub(super) pending: u64,
@@ -92,11 +99,31 @@ pub(super) struct Shared {
     /// Units admitted here but evicted within the memory budget before they were pushed
     /// to Redis.
     pub(super) evicted_units: AtomicU64,
+    /// The share of each quota the local state is decided at (1 for a local-first store).
+    pub(super) share: Share,
+    /// Whether syncs raise the shared state to the local one before charging (see
+    /// `local_sync`): set when Redis failed (it may have lost its data), cleared by a
+    /// round that succeeds. Not otherwise, so that a reset is not undone.
+    pub(super) floors: AtomicBool,
+    /// The connection's batcher, through which syncs without a floor go (a fallback's,
+    /// when its store batches); `None`: every call its own.
+    batcher: Option<Arc<Batcher>>,
+}
+
+/// A key's units and state taken for a sync: put back unless the sync succeeds.
+pub(super) struct Unsynced {
+    pub(super) key: Vec<u8>,
+    /// Units admitted here and not yet pushed.
+    pub(super) units: u64,
+    pub(super) tag: u32,
+    /// The local state when it was taken (the units included).
+    pub(super) state: [u64; MAX_WORDS],
 }
 
 impl Shared {
-    /// The state of a store deciding under `policy` within `max_bytes`, on the clock,
-    /// and labelled by the namespace, of `common`.
+    /// The state of a store deciding under `policy` at `share` within `max_bytes`, on the
+    /// clock of `common`, its metrics labelled by the namespace and `label`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         conn: RedisConnection,
         names: KeyNames,
@@ -104,8 +131,10 @@ impl Shared {
         interval: Duration,
         max_bytes: usize,
         common: &Common,
+        label: &str,
+        share: Share,
     ) -> Result<Self, ConfigError> {
-        let metrics = StoreMetrics::new(&format!("{}-local", common.namespace));
+        let metrics = StoreMetrics::new(&format!("{}-{label}", common.namespace));
         Ok(Shared {
             conn,
             names,
@@ -122,7 +151,16 @@ impl Shared {
             rounds: AtomicU64::new(0),
             failed_rounds: AtomicU64::new(0),
             evicted_units: AtomicU64::new(0),
+            share,
+            floors: AtomicBool::new(false),
+            batcher: None,
         })
+    }
+
+    /// Sends the syncs without a floor through `batcher` (see [`batch`]).
+    pub(super) fn batched(mut self, batcher: Arc<Batcher>) -> Self {
+        self.batcher = Some(batcher);
+        self
     }
 
     /// The server's time as this instance estimates it: the clock plus the offset seen at
@@ -137,14 +175,26 @@ impl Shared {
         self.names.key(|out| key.write_key(out))
     }
 
-    /// Runs `f` on the key's entry (made if new) with its state as `policy`'s at now.
+    /// Runs `f` on the key's entry (made if new) with its state as `policy`'s at now,
+    /// marking the key for the next round.
     pub(super) fn with_entry<R>(
         &self,
         key: Vec<u8>,
         policy: &Policy,
         f: impl FnOnce(&mut Entry, u64) -> R,
     ) -> R {
-        let hash = map::hash_of(&self.hasher, &key[..]);
+        self.entry(&key, policy, true, f)
+    }
+
+    /// [`Shared::with_entry`], marking the key for the next round when `touch`.
+    pub(super) fn entry<R>(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        touch: bool,
+        f: impl FnOnce(&mut Entry, u64) -> R,
+    ) -> R {
+        let hash = map::hash_of(&self.hasher, key);
         let tag = self.tags.tag(policy);
         let mut shard = self.map.write(hash);
         // Read under the lock: never older than the time of whoever wrote the state last
@@ -152,7 +202,7 @@ impl Shared {
         let now = self.now();
         if shard.one.find(hash, |e| *e.key == *key).is_none() {
             let entry = Entry {
-                key: key.clone().into_boxed_slice(),
+                key: key.into(),
                 tag,
                 state: [0; MAX_WORDS],
                 pending: 0,
@@ -176,14 +226,39 @@ impl Shared {
             .one
             .find_mut(hash, |e| *e.key == *key)
             .expect("inserted above, under the same lock");
+        self.retag(e, tag, policy, now);
+        e.touched |= touch;
+        f(e, now)
+    }
+
+    /// Runs `f` on the key's entry, as [`Shared::entry`] does, when the key is held.
+    pub(super) fn existing(&self, key: &[u8], policy: &Policy, f: impl FnOnce(&mut Entry, u64)) {
+        let hash = map::hash_of(&self.hasher, key);
+        let tag = self.tags.tag(policy);
+        let mut shard = self.map.write(hash);
+        let now = self.now();
+        if let Some(e) = shard.one.find_mut(hash, |e| *e.key == *key) {
+            self.retag(e, tag, policy, now);
+            f(e, now);
+        }
+    }
+
+    /// An entry decided under another policy than its state's: its state carried over
+    /// (the units not yet pushed stay units).
+    fn retag(&self, e: &mut Entry, tag: u32, policy: &Policy, now: u64) {
         if e.tag != tag {
-            // Decided under another policy than its state's: carry the state over; the
-            // units not yet pushed stay units.
             e.state = self.tags.carry(e.tag, &e.state, policy, now);
             e.tag = tag;
         }
-        e.touched = true;
-        f(e, now)
+    }
+
+    /// Takes the key's units and state for a sync when it was decided here since its
+    /// last one.
+    pub(super) fn take(&self, key: &[u8]) -> Option<Unsynced> {
+        let hash = map::hash_of(&self.hasher, key);
+        let mut s = self.map.write(hash);
+        let e = s.one.find_mut(hash, |e| *e.key == *key)?;
+        take(e)
     }
 
     /// A call to Redis under the store's deadline (its sync interval, at least 50 ms).
@@ -194,13 +269,16 @@ impl Shared {
         within(self.interval.max(Duration::from_millis(50)), call).await
     }
 
-    /// One call of the general script (a sync, a ban) on `key`, under the deadline.
+    /// One call of the general script (a sync, a ban) on `key`, under the deadline (a
+    /// sync with its floor, see `script::floor_args`), through the batcher when there is
+    /// one and no floor (a batch carries none).
     pub(super) async fn update(
         &self,
         key: &[u8],
         mode: Mode,
         units: u64,
         limits: Vec<u64>,
+        floor: Vec<u64>,
     ) -> Result<Vec<i64>, StoreError> {
         let args = Args {
             mode,
@@ -208,9 +286,22 @@ impl Shared {
             now_ns: self.overrides.then(|| self.clock.now()),
             limits,
             general: true,
+            floor,
         };
-        self.in_time(self.conn.invoke(&args.invocation(key, true)))
-            .await
+        match &self.batcher {
+            Some(batcher) if args.floor.is_empty() => {
+                let request = Request {
+                    key: key.to_vec(),
+                    call: Call::Script(args),
+                };
+                self.in_time(batch::request(&self.conn, batcher, request, true))
+                    .await
+            }
+            _ => {
+                self.in_time(self.conn.invoke(&args.invocation(key, true)))
+                    .await
+            }
+        }
     }
 
     /// Drops a key's local entry.
@@ -223,6 +314,23 @@ impl Shared {
             self.map.removed(&mut s, heap);
         }
     }
+}
+
+/// The entry's units and state for a sync, when it was decided here since its last one
+/// (its units then count as taken).
+pub(super) fn take(e: &mut Entry) -> Option<Unsynced> {
+    if e.pending == 0 && !e.touched {
+        return None;
+    }
+    let taken = Unsynced {
+        key: e.key.to_vec(),
+        units: e.pending,
+        tag: e.tag,
+        state: e.state,
+    };
+    e.pending = 0;
+    e.touched = false;
+    Some(taken)
 }
 
 /// Charges `units` to every limit of `state` whether or not they fit.

@@ -3,6 +3,7 @@
 mod batch;
 mod builder;
 mod failure;
+mod fallback;
 mod local_first;
 mod local_state;
 mod local_sync;

@@ -146,6 +146,9 @@ pub(super) struct Args {
     pub(super) limits: Vec<u64>,
     /// Whether the general script decides even what the fast one could.
     pub(super) general: bool,
+    /// A sync's floor: the state this instance holds for the key (see [`floor_args`]),
+    /// which the shared state is raised to before the units are charged; empty for none.
+    pub(super) floor: Vec<u64>,
 }
 
 impl Args {
@@ -175,6 +178,9 @@ impl Args {
             return Invocation { script, cmd };
         }
         general_tail(&mut cmd, now_ns, limits);
+        for a in &self.floor {
+            cmd.arg(*a);
+        }
         Invocation { script, cmd }
     }
 
@@ -200,6 +206,24 @@ impl Args {
             }
         }
     }
+}
+
+/// A state of `policy` in the in-memory layout (at the server's time) as a sync's floor
+/// (`general_head.lua`): a GCRA limit's TAT in microseconds, rounded up (0: none), a
+/// window's tag and counts as they are. Refused by the script as nothing when a window's
+/// tag is not the current one (or, for a sliding window, the previous one).
+pub(super) fn floor_args(policy: &Policy, state: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(policy.state_words());
+    let mut off = 0;
+    for l in policy.limits() {
+        let words = l.params.words();
+        match l.params {
+            Params::Gcra(_) => out.push(state[off].div_ceil(1000)),
+            _ => out.extend_from_slice(&state[off..off + words]),
+        }
+        off += words;
+    }
+    out
 }
 
 /// A ban's duration as the scripts take it: nanoseconds, at most 2^52 (Lua numbers are

@@ -3,7 +3,8 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use super::batch::{self, Batcher, Call, Request};
-use super::failure::{scaled_policy, FailurePolicy};
+use super::failure::FailurePolicy;
+use super::fallback::Fallback;
 use super::negative::NegativeCache;
 use super::script::{self, Args, Mode};
 use crate::clock::Clock;
@@ -11,8 +12,10 @@ use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
 use crate::observe::StoreMetrics;
 use crate::policy::Policy;
-use crate::redis::{within, Breaker, BreakerState, KeyNames, RedisConnection};
-use crate::store::{CheckFuture, KeyBytes, MemoryStore, Store, StoreFuture};
+use crate::redis::{
+    current_budget, within, Breaker, BreakerState, Budget, Fleet, KeyNames, RedisConnection,
+};
+use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 
 /// The shared store: every instance decides through one Lua script on Redis, so a limit
 /// holds across the fleet. Cheap to clone. See the [module docs](super).
@@ -31,8 +34,10 @@ pub(super) struct Shared {
     pub(super) deadline: Duration,
     pub(super) breaker: Breaker,
     pub(super) failure: FailurePolicy,
-    /// The local fallback and the share of each quota it applies.
-    pub(super) fallback: Option<(Fallback, f64)>,
+    /// The local fallback, with a local failure policy.
+    pub(super) fallback: Option<Arc<Fallback>>,
+    /// This instance's lease in the namespace's fleet, with a local failure policy.
+    pub(super) fleet: Option<Arc<Fleet>>,
     pub(super) metrics: StoreMetrics,
     pub(super) negative: Option<NegativeCache>,
     /// Whether decisions take their time from `clock` instead of the server's `TIME`.
@@ -51,15 +56,14 @@ impl fmt::Debug for RedisStore {
             .field("deadline", &s.deadline)
             .field("failure", &s.failure)
             .field("breaker", &s.breaker.state())
+            .field("fallback_share", &s.fallback.as_ref().map(|f| f.share()))
             .finish_non_exhaustive()
     }
 }
 
-/// The local limiter a store falls back to.
-pub(super) type Fallback = MemoryStore<Vec<u8>, Arc<dyn Clock>>;
-
 impl Shared {
-    /// One script call under the deadline and the breaker.
+    /// One script call under `deadline` (the store's, or less: a request's budget) and
+    /// the breaker.
     async fn guarded_call(
         &self,
         key: &[u8],
@@ -67,12 +71,14 @@ impl Shared {
         cost: u64,
         limits: &[u64],
         general: bool,
+        deadline: Duration,
     ) -> Result<Vec<i64>, StoreError> {
         let started = std::time::Instant::now();
         let result = self
             .breaker
-            .call(
+            .call_within(
                 self.deadline,
+                deadline,
                 || {
                     let request = Request {
                         key: key.to_vec(),
@@ -82,6 +88,7 @@ impl Shared {
                             now_ns: self.overrides.then(|| self.clock.now()),
                             limits: limits.to_vec(),
                             general,
+                            floor: Vec::new(),
                         }),
                     };
                     self.send(request)
@@ -121,10 +128,46 @@ impl Shared {
         policy: &Policy,
         mode: Mode,
         cost: u64,
+        deadline: Duration,
     ) -> Result<Decision, StoreError> {
         let limits = script::limit_args(policy).map_err(StoreError::backend)?;
-        let reply = self.guarded_call(key, mode, cost, &limits, false).await?;
+        let reply = self
+            .guarded_call(key, mode, cost, &limits, false, deadline)
+            .await?;
         script::decode_decision(&reply, policy, cost)
+    }
+
+    /// [`Shared::ask`], after syncing the key first when the fallback decided it since
+    /// Redis last answered for it (so that Redis decides on a state that holds what was
+    /// admitted meanwhile).
+    async fn ask_synced(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        mode: Mode,
+        cost: u64,
+        mut deadline: Duration,
+    ) -> Result<Decision, StoreError> {
+        if let Some((fb, unsynced)) = self
+            .fallback
+            .as_ref()
+            .and_then(|fb| fb.take(key).map(|u| (fb, u)))
+        {
+            let started = tokio::time::Instant::now();
+            self.breaker
+                .call_within(
+                    self.deadline,
+                    deadline,
+                    || fb.sync(unsynced),
+                    |state| self.metrics.breaker(state.gauge()),
+                )
+                .await?;
+            deadline = deadline.saturating_sub(started.elapsed());
+            if deadline.is_zero() {
+                return Err(StoreError::Timeout(self.deadline));
+            }
+        }
+        self.ask(key, policy, mode, cost, deadline).await
     }
 
     async fn decide(
@@ -133,13 +176,34 @@ impl Shared {
         policy: Policy,
         mode: Mode,
         cost: u64,
+        budget: Option<Budget>,
     ) -> Result<Decision, StoreError> {
         // A refusal is remembered from when the call was sent (the conservative end);
         // only checks with the negative cache on can need that time.
         let cache = self.negative.as_ref().filter(|_| mode == Mode::Check);
         let sent = cache.map(|_| self.clock.now());
-        match self.ask(&key, &policy, mode, cost).await {
+        let deadline = budget
+            .as_ref()
+            .map_or(self.deadline, |b| b.allow(self.deadline));
+        let started = tokio::time::Instant::now();
+        let result = if deadline.is_zero() {
+            // The request spent its budget on an earlier layer's call: no call, and no
+            // failure of Redis's counted.
+            Err(StoreError::Timeout(self.deadline))
+        } else {
+            self.ask_synced(&key, &policy, mode, cost, deadline).await
+        };
+        if let Some(b) = &budget {
+            b.spend(started.elapsed());
+        }
+        match result {
             Ok(d) => {
+                if let Some(fb) = &self.fallback {
+                    if mode == Mode::Check {
+                        fb.record(&key, &policy, &d);
+                    }
+                    fb.answered();
+                }
                 if let (Some(n), Some(sent), Outcome::Denied { .. }) = (cache, sent, d.outcome) {
                     n.insert(key, policy.fingerprint(), cost, sent, self.clock.now(), d);
                 }
@@ -151,7 +215,7 @@ impl Shared {
 
     fn on_failure(
         &self,
-        key: &Vec<u8>,
+        key: &[u8],
         policy: &Policy,
         mode: Mode,
         cost: u64,
@@ -171,26 +235,14 @@ impl Shared {
             )
         };
         match self.failure {
-            FailurePolicy::FailOpen => open(),
             FailurePolicy::FailClosed { retry_after } => {
                 policy.without_state(Outcome::Denied { retry_after }, Source::FailClosed)
             }
-            FailurePolicy::LocalFallback { .. } => match &self.fallback {
-                Some((fb, share)) => {
-                    let Ok(local) = scaled_policy(policy, *share) else {
-                        return open();
-                    };
-                    let d = if mode == Mode::Peek {
-                        Store::preview(fb, key, &local, cost)
-                    } else {
-                        Store::decide(fb, key, &local, cost)
-                    };
-                    let mut d = d.take_ready_now().unwrap_or_else(open);
-                    d.source = Source::Fallback;
-                    d
-                }
-                None => open(),
-            },
+            _ => self
+                .fallback
+                .as_ref()
+                .and_then(|fb| fb.decide(key, policy, mode, cost))
+                .unwrap_or_else(open),
         }
     }
 }
@@ -225,6 +277,13 @@ impl RedisStore {
     /// The circuit breaker's state now.
     pub fn breaker_state(&self) -> BreakerState {
         self.inner.breaker.state()
+    }
+
+    /// The share of each quota the local fallback applies now: the one given to
+    /// [`FailurePolicy::LocalFallback`], or `1 / N` with [`FailurePolicy::FleetShare`]
+    /// (`N` as last counted; 1 before the first count). `None` without a local fallback.
+    pub fn fallback_share(&self) -> Option<f64> {
+        self.inner.fallback.as_ref().map(|f| f.share())
     }
 
     /// The Redis key holding `key`'s state, under every policy: `<namespace>:v3:{#<sha1>}`,
@@ -270,7 +329,7 @@ impl RedisStore {
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
             shared
-                .guarded_call(&k, mode, units, &limits, true)
+                .guarded_call(&k, mode, units, &limits, true, shared.deadline)
                 .await
                 .map(|_| ())
         })
@@ -285,8 +344,12 @@ impl RedisStore {
                 }
             }
         }
+        if let Some(fleet) = &self.inner.fleet {
+            fleet.start();
+        }
         let (shared, policy) = (self.inner.clone(), policy.clone());
-        CheckFuture::boxed(async move { shared.decide(key, policy, mode, cost).await })
+        let budget = current_budget();
+        CheckFuture::boxed(async move { shared.decide(key, policy, mode, cost, budget).await })
     }
 }
 
@@ -322,11 +385,15 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
         self.update(key, policy, Mode::Ban, script::ban_ns(ban))
     }
 
-    /// Deletes the key's state (one `DEL`) and forgets its remembered refusals.
+    /// Deletes the key's state (one `DEL`) and forgets its remembered refusals and its
+    /// local fallback state.
     fn reset(&self, key: &K) -> StoreFuture<()> {
         let k = self.redis_key(key);
         if let Some(n) = &self.inner.negative {
             n.remove(&k);
+        }
+        if let Some(fb) = &self.inner.fallback {
+            fb.local.forget(&k);
         }
         let shared = self.inner.clone();
         StoreFuture::boxed(async move { shared.delete(&k).await })

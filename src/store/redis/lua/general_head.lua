@@ -16,6 +16,11 @@
 --            3 w limit shift       sliding window, w and shift in microseconds
 --          (a window starts where now + shift is a multiple of w: at the offset past every
 --          multiple of w since the Unix epoch)
+--          then, for a sync only and optional, a floor: the state the caller holds for the
+--          key, per limit: GCRA: its TAT in microseconds (0: none); fixed: tag count;
+--          sliding: tag prev cur (tags as in the in-memory layout). The stored state is
+--          raised to it (a state Redis lost, by a restart without persistence, comes back
+--          from the instances that decided the key meanwhile) before the units are charged.
 --
 -- Stored value: integers as little-endian doubles (8 bytes each, Lua's struct 'd'): the
 -- write time (us), then per limit a descriptor of two words and its state: GCRA: T (ns,

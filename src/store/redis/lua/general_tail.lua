@@ -291,6 +291,50 @@ if mode == 4 then
 end
 
 if mode == 3 then
+  -- The floor (after the limits), when given: the state is raised to it first, each limit
+  -- to at most twice its capacity, as a charge is.
+  if ARGV[i] ~= nil then
+    local p = i
+    for j = 1, n do
+      local l = L[j]
+      if l.k == 1 then
+        local f = (tonumber(ARGV[p]) - now) * 1000
+        p = p + 1
+        if f > 2 * l.cap then f = 2 * l.cap end
+        if f > l.fill then l.fill = f end
+      elseif l.k == 2 then
+        local tag, count = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+        p = p + 2
+        if tag == l.tag then
+          local have = 0
+          if s[l.off] == l.tag then have = s[l.off + 1] end
+          if count > 2 * l.limit then count = 2 * l.limit end
+          if count > have then
+            s[l.off] = l.tag
+            s[l.off + 1] = count
+          end
+        end
+      else
+        local tag, fprev, fcur = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+        p = p + 3
+        if tag ~= l.tag then
+          -- The floor's current window is the previous one now, or older.
+          if tag ~= 0 and tag + 1 == l.tag then fprev = fcur else fprev = 0 end
+          fcur = 0
+        end
+        local prev, cur = sliding_counts(l)
+        if fprev > 2 * l.limit then fprev = 2 * l.limit end
+        if fcur > 2 * l.limit then fcur = 2 * l.limit end
+        if fprev > prev then prev = fprev end
+        if fcur > cur then cur = fcur end
+        if prev > 0 or cur > 0 then
+          s[l.off] = l.tag
+          s[l.off + 1] = prev
+          s[l.off + 2] = cur
+        end
+      end
+    end
+  end
   for j = 1, n do
     local l = L[j]
     if l.k == 1 then
