@@ -138,6 +138,7 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 .breaker
                 .call(
                     inner.deadline,
+                    inner.deadline,
                     || inner.conn.eval_script(script, &keys, &args),
                     |_| {},
                 )

@@ -285,6 +285,7 @@ impl Leases {
             .breaker
             .call(
                 self.deadline,
+                self.deadline,
                 || self.conn.eval_script(script, &keys, args),
                 |_| {},
             )

@@ -126,32 +126,27 @@ impl Observe {
 
     /// A refusal, or a request a shadow limit would have refused. The key's hash and the
     /// fields are computed only when a subscriber wants the event. Each fact is one field:
-    /// a refusal's `outcome` (`denied`, or `exceeds`: a cost no limit can ever admit) and,
-    /// for a denial, its wait in `retry_after_ms`.
+    /// `outcome` (`denied`; `exceeds`: a cost no limit can ever admit; `shadowed`: let
+    /// through by a shadow limit) and, where there is one, the wait in `retry_after_ms`.
     fn refused<K: Hash>(&self, policy: Option<&str>, route: Option<&str>, key: &K, d: &Decision) {
-        let retry_after_ms = || d.retry_after().map(|r| r.as_millis() as u64);
-        if d.shadowed() {
-            tracing::info!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                key = %format_args!("{:016x}", key_hash(key)),
-                retry_after_ms = retry_after_ms(),
-                "a shadow rate limit would have refused this request (let through)"
-            );
-        } else {
-            tracing::info!(
-                target: "tollgate",
-                limiter = %self.label,
-                policy = policy_label(policy),
-                route,
-                key = %format_args!("{:016x}", key_hash(key)),
-                outcome = if d.retry_after().is_some() { "denied" } else { "exceeds" },
-                retry_after_ms = retry_after_ms(),
-                "rate limit refused a request"
-            );
-        }
+        let (outcome, message) = match d.retry_after() {
+            _ if d.shadowed() => (
+                "shadowed",
+                "a shadow rate limit would have refused this request (let through)",
+            ),
+            Some(_) => ("denied", "rate limit refused a request"),
+            None => ("exceeds", "rate limit refused a request"),
+        };
+        tracing::info!(
+            target: "tollgate",
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route,
+            key = %format_args!("{:016x}", key_hash(key)),
+            outcome,
+            retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
+            "{message}"
+        );
     }
 
     /// A store call failed; the layer's `OnStoreError` decides.

@@ -96,24 +96,11 @@ impl Breaker {
     /// Makes the call `make` returns under the breaker and `deadline`: refused at once
     /// with [`StoreError::CircuitOpen`] while the breaker is open (the call is not made),
     /// otherwise made, its failure or missed deadline counted toward opening it.
-    /// `changed` hears each change of state the call's outcome makes.
+    /// `changed` hears each change of state the call's outcome makes. A `deadline` shorter
+    /// than the store's own deadline `own` is the time the request has left (a
+    /// [`Budget`](super::deadline::Budget)): a call that misses it is not counted as a
+    /// failure of Redis (it may not have had the time a call needs).
     pub(crate) async fn call<T, F>(
-        &self,
-        deadline: Duration,
-        make: impl FnOnce() -> F,
-        changed: impl FnOnce(BreakerState),
-    ) -> Result<T, StoreError>
-    where
-        F: Future<Output = Result<T, StoreError>>,
-    {
-        self.call_within(deadline, deadline, make, changed).await
-    }
-
-    /// [`Breaker::call`] under `deadline`, shorter than the store's own deadline `own`
-    /// when the request has less time left (a [`Budget`](super::deadline::Budget)): a
-    /// call that misses such a shortened deadline is not counted as a failure of Redis
-    /// (it may not have had the time a call needs).
-    pub(crate) async fn call_within<T, F>(
         &self,
         own: Duration,
         deadline: Duration,

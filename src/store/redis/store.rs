@@ -76,7 +76,7 @@ impl Shared {
         let started = std::time::Instant::now();
         let result = self
             .breaker
-            .call_within(
+            .call(
                 self.deadline,
                 deadline,
                 || {
@@ -155,7 +155,7 @@ impl Shared {
         {
             let started = tokio::time::Instant::now();
             self.breaker
-                .call_within(
+                .call(
                     self.deadline,
                     deadline,
                     || fb.sync(unsynced),
