@@ -63,7 +63,11 @@ async fn key_names_are_the_documented_ones_under_every_policy() {
             .query_async(&mut con)
             .await
             .unwrap();
-        assert_eq!(names, [HASHED], "{policy:?}");
+        // The client's state, and the fleet's membership (the guide's other key).
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, ["myapp:fleet:{members}", HASHED], "{policy:?}");
+        assert!(GUIDE.contains("`{namespace}:fleet:{members}`"), "the guide's fleet key");
 
         let readable = RedisStore::builder(policy)
             .namespace("myapp")
