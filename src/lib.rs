@@ -21,6 +21,7 @@ mod service;
 pub mod algorithm;
 pub mod clock;
 pub mod cost;
+mod deadline;
 pub mod decision;
 pub mod error;
 pub mod key;
@@ -32,6 +33,7 @@ pub mod response;
 pub mod store;
 
 pub use algorithm::Limit;
+pub use deadline::Deadline;
 pub use decision::Decision;
 pub use error::ConfigError;
 pub use fair::FairLimitLayer;

@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use super::store::{Acquired, Permit};
 use crate::gate::{store_failed, Verdict, Wording};
 use crate::options::OnStoreError;
+use crate::response::OwnAnswer;
 use crate::response::{
     grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
     RATELIMIT, RATELIMIT_POLICY,
@@ -41,9 +42,10 @@ pub(crate) struct InFlightReplies {
     remaining: Vec<HeaderValue>,
     /// The problem body of a refusal.
     body: Bytes,
-    /// `tollgate.in_flight.requests` by result: admitted, refused, fail_open, fail_closed.
+    /// `tollgate.in_flight.requests` by result: admitted, refused, fail_open, fail_closed,
+    /// deadline.
     #[cfg(feature = "metrics")]
-    requests: [metrics::Counter; 4],
+    requests: [metrics::Counter; 5],
 }
 
 /// What became of a request, for the metrics.
@@ -53,6 +55,8 @@ pub(crate) enum Counted {
     Refused = 1,
     FailOpen = 2,
     FailClosed = 3,
+    /// Refused at its deadline, still waiting for a slot.
+    Deadline = 4,
 }
 
 impl std::fmt::Debug for InFlightReplies {
@@ -100,7 +104,14 @@ impl InFlightReplies {
         crate::observe::describe();
         InFlightReplies {
             #[cfg(feature = "metrics")]
-            requests: ["admitted", "refused", "fail_open", "fail_closed"].map(|r| {
+            requests: [
+                "admitted",
+                "refused",
+                "fail_open",
+                "fail_closed",
+                "deadline",
+            ]
+            .map(|r| {
                 metrics::counter!(
                     "tollgate.in_flight.requests",
                     "tollgate.limiter" => label.to_string(),
@@ -159,6 +170,15 @@ impl Slot {
         self.replies.apply(headers, self.remaining);
         self.permit
     }
+}
+
+/// The refusal of a request still waiting for a slot at its deadline (the layer's
+/// refusal), counted apart from the others.
+#[cold]
+pub(crate) fn late<B>(replies: &InFlightReplies, req: &Request<B>) -> OwnAnswer {
+    replies.count(Counted::Deadline);
+    tracing::debug!(target: "tollgate", limiter = %replies.label, "in-flight limit refused a request at its deadline");
+    Box::new(replies.refusal(grpc::is_grpc(req.headers())))
 }
 
 /// What an attempt to take a slot means for `req`: proceed with its slot, or an answer of

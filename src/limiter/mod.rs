@@ -389,6 +389,11 @@ where
         K: StoredKey,
         St: Store<Option<K>>,
     {
+        if let Outcome::Allowed { wait } = d.outcome() {
+            if !wait.is_zero() && self.flavour.time_left(req).is_some_and(|left| wait > left) {
+                return self.late(req, at, key, d, wait);
+            }
+        }
         let plain =
             d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
         if !plain && !observed {
@@ -443,6 +448,55 @@ where
             _ => Next::Refuse(self.flavour.refuse(req, &v)),
         }
     }
+
+    /// A request the store queued whose slot comes after its deadline: its units go back
+    /// at once (the slot is free for the next request), and it is refused with the slot's
+    /// wait as its retry-after, counted apart from the other refusals.
+    #[cold]
+    fn late<Req, K>(
+        &self,
+        req: &mut Req,
+        at: &At<'_, F::Prepared>,
+        key: Option<K>,
+        d: &Decision,
+        wait: Duration,
+    ) -> Next<F::Refusal, F::Extra>
+    where
+        F: Flavour<Req>,
+        K: StoredKey,
+        St: Store<Option<K>>,
+    {
+        self.store.refund(&key, at.policy, at.cost);
+        let name = at.installed.set.entry(at.index).name.as_deref();
+        crate::deadline::refused(self.observe.label(), name.unwrap_or("default"), wait);
+        let late = late_decision(d, at.policy, wait);
+        let v = Verdict {
+            decision: &late,
+            name,
+            prepared: &at.installed.prepared[at.index],
+            shadow_mask: at.policy.shadow_mask(),
+        };
+        Next::Refuse(self.flavour.late(req, &v))
+    }
+}
+
+/// A queued request's decision turned into its refusal for a deadline: refused, to retry
+/// when its slot would have come; the queues (the limits that make a request wait) are
+/// the limits it violates.
+fn late_decision(d: &Decision, policy: &Policy, wait: Duration) -> Decision {
+    let mut late = *d;
+    late.outcome = Outcome::Denied { retry_after: wait };
+    let limits = policy.limits();
+    for r in &mut late.limits[..usize::from(d.len)] {
+        let queue = limits.get(r.index()).is_none_or(|l| {
+            matches!(
+                l.algorithm(),
+                crate::algorithm::Algorithm::LeakyQueue { .. }
+            )
+        });
+        r.allowed = !queue;
+    }
+    late
 }
 
 /// Where a request stands once its policy is chosen: the set, the policy's index in it,
