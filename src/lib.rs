@@ -25,6 +25,8 @@ mod deadline;
 pub mod decision;
 pub mod error;
 pub mod key;
+#[cfg(feature = "listener")]
+pub mod listener;
 pub mod policy;
 pub mod quota;
 #[cfg(feature = "redis")]
