@@ -47,6 +47,19 @@ fn cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// Every limit on, none reached: a rate, both caps and a head deadline.
+fn every_limit() -> ConnectionLimits {
+    let rate = Quota::per_second(1_000_000)
+        .unwrap()
+        .with_burst(1_000_000)
+        .unwrap();
+    ConnectionLimits::new()
+        .limit(Limit::token_bucket(rate).unwrap())
+        .max_per_address(10_000)
+        .max_total(100_000)
+        .head_timeout(Duration::from_secs(10))
+}
+
 /// The server: its three addresses, and a way to read its thread's CPU time.
 struct Server {
     plain: SocketAddr,
@@ -75,21 +88,7 @@ impl Server {
                     s.listen(4096).unwrap()
                 };
                 let plain = bind().await;
-                let limited = ConnectionLimits::new()
-                    .limit(
-                        Limit::token_bucket(
-                            Quota::per_second(1_000_000)
-                                .unwrap()
-                                .with_burst(1_000_000)
-                                .unwrap(),
-                        )
-                        .unwrap(),
-                    )
-                    .max_per_address(10_000)
-                    .max_total(100_000)
-                    .head_timeout(Duration::from_secs(10))
-                    .build(bind().await)
-                    .unwrap();
+                let limited = every_limit().build(bind().await).unwrap();
                 let refusing = ConnectionLimits::new()
                     .limit(Limit::token_bucket(Quota::per_hour(1).unwrap()).unwrap())
                     .label("refusing")
@@ -335,21 +334,7 @@ async fn connections(to: SocketAddr, n: usize) -> Vec<TcpStream> {
 async fn accept_cost(rounds: usize) -> (f64, f64) {
     const N: usize = 1000;
     let mut plain = backlog_listener();
-    let mut limited = ConnectionLimits::new()
-        .limit(
-            Limit::token_bucket(
-                Quota::per_second(1_000_000)
-                    .unwrap()
-                    .with_burst(1_000_000)
-                    .unwrap(),
-            )
-            .unwrap(),
-        )
-        .max_per_address(10_000)
-        .max_total(100_000)
-        .head_timeout(Duration::from_secs(10))
-        .build(backlog_listener())
-        .unwrap();
+    let mut limited = every_limit().build(backlog_listener()).unwrap();
     let plain_addr = plain.local_addr().unwrap();
     let limited_addr = axum::serve::Listener::local_addr(&limited).unwrap();
     let (mut a, mut b) = (Vec::new(), Vec::new());

@@ -98,7 +98,7 @@ impl DeadlineSources {
 
     /// The time `req`'s caller has left, if it says.
     pub(crate) fn left<B>(&self, req: &Request<B>) -> Option<Duration> {
-        let from_headers = self.from_headers(req.headers());
+        let from_headers = self.in_headers(req.headers());
         let from_extension = req.extensions().get::<Deadline>().map(Deadline::remaining);
         match (from_headers, from_extension) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -106,7 +106,7 @@ impl DeadlineSources {
         }
     }
 
-    fn from_headers(&self, headers: &HeaderMap) -> Option<Duration> {
+    fn in_headers(&self, headers: &HeaderMap) -> Option<Duration> {
         let grpc = headers.get(&GRPC).and_then(|v| grpc_timeout(v.as_bytes()));
         let envoy = headers.get(&ENVOY).and_then(|v| millis(v.as_bytes()));
         let own = self

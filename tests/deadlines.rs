@@ -216,6 +216,9 @@ async fn an_in_flight_queue_lets_a_request_go_at_its_deadline() {
     );
 }
 
+/// A counter's name, labels and value.
+type Series = (String, Vec<(String, String)>, u64);
+
 /// Refusals for a deadline are counted apart from the other refusals, in both layers.
 #[test]
 fn deadline_refusals_are_counted_apart() {
@@ -248,7 +251,7 @@ fn deadline_refusals_are_counted_apart() {
             assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
         })
     });
-    let series: Vec<(String, Vec<(String, String)>, u64)> = snapshotter
+    let series: Vec<Series> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()

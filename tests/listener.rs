@@ -131,9 +131,9 @@ async fn a_late_head_is_closed_at_the_deadline() {
                 return;
             }
             let mut b = [0u8; 1];
-            match tokio::time::timeout(Duration::from_millis(1), slow.read(&mut b)).await {
-                Ok(Ok(0) | Err(_)) => return,
-                _ => {}
+            let read = tokio::time::timeout(Duration::from_millis(1), slow.read(&mut b)).await;
+            if let Ok(Ok(0) | Err(_)) = read {
+                return;
             }
         }
     };

@@ -401,13 +401,7 @@ where
             self.observe.decided(name, self.flavour.route(req), &key, d);
         }
         at.installed.metrics[at.index].decided(d);
-        let v = Verdict {
-            decision: d,
-            name: at.installed.set.entry(at.index).name.as_deref(),
-            prepared: &at.installed.prepared[at.index],
-            // The response reports the limits enforced for this key.
-            shadow_mask: at.policy.shadow_mask(),
-        };
+        let v = at.verdict(d);
         match d.outcome() {
             Outcome::Allowed { wait } => {
                 let settle = self.flavour.settles().then(|| {
@@ -470,13 +464,7 @@ where
         let name = at.installed.set.entry(at.index).name.as_deref();
         crate::deadline::refused(self.observe.label(), name.unwrap_or("default"), wait);
         let late = late_decision(d, at.policy, wait);
-        let v = Verdict {
-            decision: &late,
-            name,
-            prepared: &at.installed.prepared[at.index],
-            shadow_mask: at.policy.shadow_mask(),
-        };
-        Next::Refuse(self.flavour.late(req, &v))
+        Next::Refuse(self.flavour.late(req, &at.verdict(&late)))
     }
 }
 
@@ -506,4 +494,17 @@ pub(crate) struct At<'a, P> {
     index: usize,
     policy: &'a Policy,
     cost: u64,
+}
+
+impl<'a, P> At<'a, P> {
+    /// What the flavour is told of decision `d` for this request.
+    fn verdict(&self, d: &'a Decision) -> Verdict<'a, P> {
+        Verdict {
+            decision: d,
+            name: self.installed.set.entry(self.index).name.as_deref(),
+            prepared: &self.installed.prepared[self.index],
+            // The response reports the limits enforced for this key.
+            shadow_mask: self.policy.shadow_mask(),
+        }
+    }
 }

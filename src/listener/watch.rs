@@ -30,13 +30,29 @@ impl Refusal {
     }
 }
 
+/// Events counted between two log lines, at most one a second.
+#[derive(Default)]
+struct Tally {
+    since: AtomicU64,
+    logged: OncePerSecond,
+}
+
+impl Tally {
+    /// Counts an event: the events since the last log line, when this one is to be logged.
+    fn tick(&self) -> Option<u64> {
+        let n = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        self.logged.first(unix_secs()).then(|| {
+            self.since.store(0, Ordering::Relaxed);
+            n
+        })
+    }
+}
+
 /// A listener's metrics and logs.
 pub(super) struct Watch {
     label: Arc<str>,
-    refused_since_log: AtomicU64,
-    refusals_logged: OncePerSecond,
-    heads_since_log: AtomicU64,
-    heads_logged: OncePerSecond,
+    refusals: Tally,
+    late_heads: Tally,
     errors_logged: OncePerSecond,
     #[cfg(feature = "metrics")]
     metrics: Metrics,
@@ -89,10 +105,8 @@ impl Watch {
         };
         Watch {
             label,
-            refused_since_log: AtomicU64::new(0),
-            refusals_logged: OncePerSecond::default(),
-            heads_since_log: AtomicU64::new(0),
-            heads_logged: OncePerSecond::default(),
+            refusals: Tally::default(),
+            late_heads: Tally::default(),
             errors_logged: OncePerSecond::default(),
             #[cfg(feature = "metrics")]
             metrics,
@@ -118,9 +132,7 @@ impl Watch {
     pub(super) fn refused(&self, why: Refusal, group: IpAddr) {
         #[cfg(feature = "metrics")]
         self.metrics.results[2 + why as usize].increment(1);
-        let n = self.refused_since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.refusals_logged.first(unix_secs()) {
-            self.refused_since_log.store(0, Ordering::Relaxed);
+        if let Some(n) = self.refusals.tick() {
             tracing::warn!(
                 target: "tollgate",
                 listener = %self.label,
@@ -136,9 +148,7 @@ impl Watch {
     pub(super) fn head_timed_out(&self) {
         #[cfg(feature = "metrics")]
         self.metrics.head_timeouts.increment(1);
-        let n = self.heads_since_log.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.heads_logged.first(unix_secs()) {
-            self.heads_since_log.store(0, Ordering::Relaxed);
+        if let Some(n) = self.late_heads.tick() {
             tracing::warn!(
                 target: "tollgate",
                 listener = %self.label,
