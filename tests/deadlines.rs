@@ -9,7 +9,6 @@ use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::{sync::Semaphore, time::Instant};
 use tollgate::generic::{self, RateLimited};
 use tollgate::key::{key_fn, Global};
@@ -217,11 +216,15 @@ async fn an_in_flight_queue_lets_a_request_go_at_its_deadline() {
 }
 
 /// A counter's name, labels and value.
+#[cfg(feature = "metrics")]
 type Series = (String, Vec<(String, String)>, u64);
 
 /// Refusals for a deadline are counted apart from the other refusals, in both layers.
+#[cfg(feature = "metrics")]
 #[test]
 fn deadline_refusals_are_counted_apart() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -304,6 +307,7 @@ fn deadline_refusals_are_counted_apart() {
 }
 
 /// Polls `f` once: whether it is still pending.
+#[cfg(feature = "metrics")]
 async fn futures_poll<F: std::future::Future + Unpin>(f: &mut F) -> bool {
     std::future::poll_fn(|cx| {
         std::task::Poll::Ready(std::pin::Pin::new(&mut *f).poll(cx).is_pending())
