@@ -280,6 +280,9 @@ async fn slow_heads_do_not_lock_out_a_normal_client() {
             Ok(true) => took.push(start.elapsed()),
             _ => unanswered += 1,
         }
+        if unanswered == 10 {
+            break; // locked out: no need to wait out the rest
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::Relaxed);
