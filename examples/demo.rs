@@ -10,7 +10,9 @@
 //!
 //! - `GET /token`:   5 per second, burst 10, per client IP (token bucket)
 //! - `GET /strict`:  5 per second, no burst, per client IP (strict leaky meter)
-//! - `GET /queue`:   5 per second, queue of 10, per client IP (delayed, excess refused)
+//! - `GET /queue`:   5 per second, queue of 10, per client IP (delayed, excess refused);
+//!   a request whose slot would come after its deadline (`grpc-timeout`, or Envoy's
+//!   `x-envoy-expected-rq-timeout-ms`) is refused at once, and its slot goes to the next
 //! - `GET /api`:     5 per second, burst 5, per `x-api-key` header (keyless callers share
 //!   one bucket)
 //! - `GET /plan`:    plans per `x-api-key`, in one layer: keys starting with `pro_` get 100
@@ -33,6 +35,10 @@
 //! - `GET /health`:  never limited, no rate-limit fields
 //! - every route: requests from `127.0.0.66` are denied (`403`), and each client IP gets
 //!   at most 100 per second, burst 200, across the whole site (the `edge` layer)
+//! - every connection: the server listens behind connection limits, decided at accept
+//!   before any byte is read: at most 64 connections open per client IP and 512 in all,
+//!   50 new connections per second per IP (burst 100), and a request head within 10 s
+//!   (`tollgate::listener`)
 //! - `GET /metrics`: every layer's decisions (labelled `token`, `strict`, `queue`, `api`,
 //!   `plan`, `shadow`, `login`, `fair`, `edge`) in the Prometheus text format (feature `metrics`,
 //!   a default)
@@ -48,13 +54,14 @@
 //! curl -i --interface 127.0.0.66 http://127.0.0.1:3000/token   # 403 (Linux: all of 127/8 is local)
 //! ```
 
-use std::{hash::Hash, net::SocketAddr, sync::Arc};
+use std::{hash::Hash, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::extract::Path;
 use axum::http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Extension;
 use axum::Json;
 use axum::Router;
@@ -62,6 +69,7 @@ use tollgate::fair::{FairStore, MemoryFair, Share};
 use tollgate::inflight::{InFlightStore, MemoryInFlight};
 use tollgate::key::MissingKey;
 use tollgate::key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead};
+use tollgate::listener::ConnectionLimits;
 use tollgate::policy::IntoPolicy;
 use tollgate::store::KeyBytes;
 use tollgate::store::MemoryStore;
@@ -329,9 +337,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    let addr = listener.local_addr()?;
+    let tcp = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = tcp.local_addr()?;
+    // In front of everything, before TLS or HTTP: connections refused at accept.
+    let (per_ip, total, new_per_second, burst, head) = (64, 512, 50, 100, 10);
+    let listener = ConnectionLimits::new()
+        .limit(Limit::token_bucket(
+            Quota::per_second(new_per_second)?.with_burst(burst)?,
+        )?)
+        .max_per_address(per_ip)
+        .max_total(total)
+        .head_timeout(Duration::from_secs(head))
+        .build(tcp)?;
     println!("tollgate demo listening on http://{addr}");
+    println!(
+        "connections: at most {per_ip} open per client IP and {total} in all, {new_per_second} new per second per IP (burst {burst}), a request head within {head} s"
+    );
     println!();
     println!("Try:");
     println!("  for i in $(seq 12); do curl -s -o /dev/null -w '%{{http_code}} ' http://{addr}/token; done; echo");
@@ -339,6 +360,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "  curl -i http://{addr}/strict; curl -i http://{addr}/strict   # the second one is 429"
     );
     println!("  for i in $(seq 12); do curl -s -w ' %{{time_total}}s\\n' http://{addr}/queue & done; wait");
+    println!(
+        "  # deadlines: slots 200 ms apart; those past the caller's 300 ms are refused at once:"
+    );
+    println!("  for i in $(seq 4); do curl -s -o /dev/null -w '%{{http_code}} %{{time_total}}s\\n' -H 'x-envoy-expected-rq-timeout-ms: 300' http://{addr}/queue & done; wait");
+    println!("  curl -i -H 'grpc-timeout: 100m' http://{addr}/queue; curl -i -H 'grpc-timeout: 100m' http://{addr}/queue   # the second: 429");
     println!("  curl -i -H 'x-api-key: demo' http://{addr}/api");
     println!(
         "  # plans: a free key gets 10/min (the 11th is 429), a pro_ key 100/min, both 1000/day:"
@@ -365,8 +391,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("Requests from 127.0.0.66 are denied with 403 on every route (a deny list): curl -i --interface 127.0.0.66 http://{addr}/token");
     println!();
     println!("Every response carries RateLimit-Policy and RateLimit; refusals add Retry-After and a problem+json body.");
+    // `tap_io` lets axum hand the peer address to `ConnectInfo` (which `PeerIp` reads).
     axum::serve(
-        listener,
+        listener.tap_io(|_| ()),
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await?;

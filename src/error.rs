@@ -184,8 +184,10 @@ impl Error for StoreError {
 /// why, and when to retry. See [`crate::generic`].
 ///
 /// The request was rate limited ([`RateLimited::retry_after`] says when it would be
-/// admitted), its key is on the deny list ([`RateLimited::is_denied`]), or it carried no
-/// key under `MissingKey::Reject` ([`RateLimited::is_key_missing`]).
+/// admitted), its slot in a queue came after its deadline
+/// ([`RateLimited::is_past_deadline`]), its key is on the deny list
+/// ([`RateLimited::is_denied`]), or it carried no key under `MissingKey::Reject`
+/// ([`RateLimited::is_key_missing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimited {
     why: Why,
@@ -194,6 +196,7 @@ pub struct RateLimited {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Why {
     Limited(crate::decision::Decision),
+    Late(crate::decision::Decision),
     Denied,
     KeyMissing,
 }
@@ -202,6 +205,12 @@ impl RateLimited {
     pub(crate) fn new(decision: crate::decision::Decision) -> Self {
         RateLimited {
             why: Why::Limited(decision),
+        }
+    }
+
+    pub(crate) fn late(decision: crate::decision::Decision) -> Self {
+        RateLimited {
+            why: Why::Late(decision),
         }
     }
 
@@ -222,12 +231,20 @@ impl RateLimited {
     }
 
     /// The full decision (the limits that refused, remaining units, reset times), when a
-    /// limit refused.
+    /// limit refused (for a request refused for its deadline: the queues it would have
+    /// waited in, and the wait).
     pub fn decision(&self) -> Option<&crate::decision::Decision> {
         match &self.why {
-            Why::Limited(d) => Some(d),
+            Why::Limited(d) | Why::Late(d) => Some(d),
             _ => None,
         }
+    }
+
+    /// Whether the request was refused for its [`Deadline`](crate::Deadline): the limits
+    /// admitted it into their queue, but its slot came after its deadline. Its units were
+    /// not spent; [`RateLimited::retry_after`] is the time its slot would have come.
+    pub fn is_past_deadline(&self) -> bool {
+        matches!(self.why, Why::Late(_))
     }
 
     /// Whether the request's key is on the layer's deny list.
@@ -246,6 +263,11 @@ impl fmt::Display for RateLimited {
         match self.why {
             Why::Denied => f.write_str("the request's key is denied"),
             Why::KeyMissing => f.write_str("no rate-limit key could be extracted from the request"),
+            Why::Late(_) => write!(
+                f,
+                "refused: the request's slot comes after its deadline; retry after {:?}",
+                self.retry_after().unwrap_or_default()
+            ),
             Why::Limited(_) => match self.retry_after() {
                 Some(d) => write!(f, "rate limited; retry after {d:?}"),
                 None => f.write_str("rate limited; the request's cost exceeds the limit"),

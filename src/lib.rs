@@ -21,9 +21,12 @@ mod service;
 pub mod algorithm;
 pub mod clock;
 pub mod cost;
+mod deadline;
 pub mod decision;
 pub mod error;
 pub mod key;
+#[cfg(feature = "listener")]
+pub mod listener;
 pub mod policy;
 pub mod quota;
 #[cfg(feature = "redis")]
@@ -32,6 +35,7 @@ pub mod response;
 pub mod store;
 
 pub use algorithm::Limit;
+pub use deadline::Deadline;
 pub use decision::Decision;
 pub use error::ConfigError;
 pub use fair::FairLimitLayer;

@@ -67,7 +67,10 @@ async fn key_names_are_the_documented_ones_under_every_policy() {
         let mut names = names;
         names.sort();
         assert_eq!(names, ["myapp:fleet:{members}", HASHED], "{policy:?}");
-        assert!(GUIDE.contains("`{namespace}:fleet:{members}`"), "the guide's fleet key");
+        assert!(
+            GUIDE.contains("`{namespace}:fleet:{members}`"),
+            "the guide's fleet key"
+        );
 
         let readable = RedisStore::builder(policy)
             .namespace("myapp")

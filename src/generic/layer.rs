@@ -5,8 +5,9 @@ use std::{fmt, sync::Arc};
 
 use tower_layer::Layer;
 
-use super::answer::{Generic, RequestSelect};
+use super::answer::{Generic, RequestDeadline, RequestSelect};
 use crate::cost::UnitCost;
+use crate::deadline::Deadline;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
@@ -50,7 +51,7 @@ impl RateLimitLayer {
     /// Starts a builder: one global limit, unit cost; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and
     /// at least one limit.
     pub fn builder() -> Builder<Global, UnitCost, Generic> {
-        Builder::new(Global::new(), UnitCost, Generic)
+        Builder::new(Global::new(), UnitCost, Generic::default())
     }
 }
 
@@ -112,6 +113,21 @@ impl<X, C> Builder<X, C, Generic> {
         let select: RequestSelect<Req, K> =
             Box::new(move |req, key, set| set.choose(select(req, key).policy_name()));
         self.settings.chooser = Some(Chooser::new::<_, K>(select));
+        self
+    }
+
+    /// Reads a request's [`Deadline`] (when its caller stops waiting): a request the
+    /// layer would queue past it is refused at once with a
+    /// [`RateLimited`](crate::generic::RateLimited) whose
+    /// [`is_past_deadline`](crate::generic::RateLimited::is_past_deadline) is true and
+    /// whose retry-after is its slot's wait; its slot stays free. Without it, the layer
+    /// reads no deadline.
+    pub fn deadline<Req: 'static>(
+        mut self,
+        deadline: impl Fn(&Req) -> Option<Deadline> + Send + Sync + 'static,
+    ) -> Self {
+        let read: RequestDeadline<Req> = Box::new(deadline);
+        self.flavour.deadline = Some(Arc::new(read));
         self
     }
 

@@ -11,6 +11,7 @@ use super::store::{Acquired, Permit};
 use crate::gate::{store_failed, Verdict, Wording};
 use crate::observe::{Counted, InFlightMetrics};
 use crate::options::OnStoreError;
+use crate::response::OwnAnswer;
 use crate::response::{
     grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
     RATELIMIT, RATELIMIT_POLICY,
@@ -133,6 +134,15 @@ impl Slot {
         self.replies.apply(headers, self.remaining);
         self.permit
     }
+}
+
+/// The refusal of a request still waiting for a slot at its deadline (the layer's
+/// refusal), counted apart from the others.
+#[cold]
+pub(crate) fn late<B>(replies: &InFlightReplies, req: &Request<B>) -> OwnAnswer {
+    replies.metrics.count(Counted::Deadline);
+    tracing::debug!(target: "tollgate", limiter = %replies.label, "in-flight limit refused a request at its deadline");
+    Box::new(replies.refusal(grpc::is_grpc(req.headers())))
 }
 
 /// What an attempt to take a slot means for `req`: proceed with its slot, or an answer of

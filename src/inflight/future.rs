@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use tokio::time::Instant;
 
-use super::answer::{settle, InFlightReplies, Slot};
+use super::answer::{late, settle, InFlightReplies, Slot};
 use super::body::InFlightBody;
 use super::store::{Acquired, Acquiring};
 use crate::future::{Decide, Next};
@@ -24,6 +25,8 @@ pub struct Waiting {
     pub(crate) acquiring: Acquiring,
     pub(crate) replies: Arc<InFlightReplies>,
     pub(crate) on_error: OnStoreError,
+    /// The request's deadline, when it ends the wait before the layer's longest wait.
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl<B> Decide<Request<B>, OwnAnswer, Slot> for Waiting {
@@ -34,6 +37,12 @@ impl<B> Decide<Request<B>, OwnAnswer, Slot> for Waiting {
     }
 
     fn next(self, acquired: Acquired, req: &mut Request<B>) -> Next<OwnAnswer, Slot> {
+        // No slot by the request's deadline: refused for it, counted apart.
+        if let (Acquired::Full, Some(deadline)) = (&acquired, self.deadline) {
+            if Instant::now() >= deadline {
+                return Next::Refuse(late(&self.replies, req));
+            }
+        }
         Next::at_once(settle(acquired, &self.replies, self.on_error, req))
     }
 }

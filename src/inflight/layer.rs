@@ -3,13 +3,14 @@
 
 use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 
-use http::Request;
+use http::{HeaderName, Request};
 use tower_layer::Layer;
 
 use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
 use super::service::Slots;
 use super::store::Limits;
+use crate::deadline::DeadlineSources;
 use crate::error::ConfigError;
 use crate::gate::CommonOptions;
 use crate::gate::Gated;
@@ -108,6 +109,7 @@ impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
 pub struct InFlightLimitBuilder<X> {
     common: CommonOptions<X>,
     limits: Limits,
+    deadline_header: Option<String>,
 }
 
 impl<X> InFlightLimitBuilder<X> {
@@ -119,6 +121,7 @@ impl<X> InFlightLimitBuilder<X> {
                 queue: 0,
                 max_wait: DEFAULT_MAX_WAIT,
             },
+            deadline_header: None,
         }
     }
 
@@ -134,6 +137,16 @@ impl<X> InFlightLimitBuilder<X> {
     /// 10 s).
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.limits.max_wait = wait;
+        self
+    }
+
+    /// Also reads a request's deadline from `name`, the time its caller has left in
+    /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
+    /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
+    /// leaves the queue at its deadline, refused. A name that is not a header name is
+    /// reported by `build`.
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        self.deadline_header = Some(name.to_owned());
         self
     }
 
@@ -153,6 +166,13 @@ impl<X> InFlightLimitBuilder<X> {
     /// instance, or a [`MemoryInFlight`] shared with other layers. The store must be an
     /// [`InFlightStore`](super::InFlightStore) of the extractor's key type for the layer to make services.
     pub fn build_with<St>(self, store: St) -> Result<InFlightLimitLayer<X, St>, ConfigError> {
+        let deadlines = match self.deadline_header {
+            None => DeadlineSources::default(),
+            Some(name) => DeadlineSources::with_header(
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| ConfigError::InvalidHeaderName(name))?,
+            ),
+        };
         let common = self.common.build(b"", &WORDING)?;
         let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
         Ok(InFlightLimitLayer {
@@ -162,6 +182,7 @@ impl<X> InFlightLimitBuilder<X> {
                     store,
                     limits: self.limits,
                     replies,
+                    deadlines,
                 },
             }),
         })

@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use http::Request;
+use tokio::time::Instant;
 
 use super::answer::{settle, InFlightReplies, Slot};
 use super::future::Waiting;
 use super::store::{Attempt, InFlightStore, Limits};
+use crate::deadline::DeadlineSources;
 use crate::gate::{Decided, Part};
 use crate::options::OnStoreError;
 
@@ -17,6 +19,8 @@ pub struct Slots<St> {
     pub(crate) store: St,
     pub(crate) limits: Limits,
     pub(crate) replies: Arc<InFlightReplies>,
+    /// Where a request's deadline is read.
+    pub(crate) deadlines: DeadlineSources,
 }
 
 impl<K, St: InFlightStore<K>> Part<K> for Slots<St> {
@@ -30,12 +34,22 @@ impl<K, St: InFlightStore<K>> Part<K> for Slots<St> {
         req: &Request<B>,
         on_error: OnStoreError,
     ) -> Decided<Slot, Waiting> {
-        match self.store.acquire(key, &self.limits) {
+        // A request never waits past its deadline: the wait ends there, refused.
+        let mut limits = self.limits;
+        let deadline = match self.deadlines.left(req) {
+            Some(left) if left < limits.max_wait => {
+                limits.max_wait = left;
+                Some(Instant::now() + left)
+            }
+            _ => None,
+        };
+        match self.store.acquire(key, &limits) {
             Attempt::Now(acquired) => Decided::Now(settle(acquired, &self.replies, on_error, req)),
             Attempt::Later(acquiring) => Decided::Later(Waiting {
                 acquiring,
                 replies: Arc::clone(&self.replies),
                 on_error,
+                deadline,
             }),
         }
     }

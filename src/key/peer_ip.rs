@@ -89,7 +89,7 @@ impl PeerIp {
 
     /// The key for an address: IPv4-mapped addresses become IPv4, IPv6 is masked to the
     /// grouping prefix.
-    pub(super) fn group(&self, ip: IpAddr) -> IpAddr {
+    pub(crate) fn group(&self, ip: IpAddr) -> IpAddr {
         match ip.to_canonical() {
             IpAddr::V4(v4) => IpAddr::V4(v4),
             IpAddr::V6(v6) => {

@@ -30,6 +30,15 @@ pub(crate) trait Flavour<Req>: Prepare {
     type Extra: 'static;
 
     fn refuse(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal;
+    /// The refusal of a request whose slot in a queue comes after its deadline (`v`'s
+    /// decision: refused, retry after the slot's wait); by default a refusal like any.
+    #[cold]
+    fn late(&self, req: &Req, v: &Verdict<'_, Self::Prepared>) -> Self::Refusal {
+        self.refuse(req, v)
+    }
+    /// The time `req`'s caller has left, when it says (see [`crate::deadline`]). Asked
+    /// only of a request the store admitted with a wait.
+    fn time_left(&self, req: &Req) -> Option<std::time::Duration>;
     /// What an admitted request carries to its response (none: the response goes out as
     /// the inner service made it), with the settlement of its cost when the layer settles
     /// costs from responses.

@@ -391,6 +391,11 @@ where
         K: StoredKey,
         St: Store<Option<K>>,
     {
+        if let Outcome::Allowed { wait } = d.outcome() {
+            if !wait.is_zero() && self.flavour.time_left(req).is_some_and(|left| wait > left) {
+                return self.late(req, at, key, d, wait);
+            }
+        }
         let plain =
             d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
         if !plain && !observed {
@@ -399,13 +404,7 @@ where
         }
         let metrics = &at.installed.metrics[at.index];
         metrics.decided(d, || self.flavour.matched_route(req));
-        let v = Verdict {
-            decision: d,
-            name: at.installed.set.entry(at.index).name.as_deref(),
-            prepared: &at.installed.prepared[at.index],
-            // The response reports the limits enforced for this key.
-            shadow_mask: at.policy.shadow_mask(),
-        };
+        let v = at.verdict(d);
         match d.outcome() {
             Outcome::Allowed { wait } => {
                 let settle = self.flavour.settles().then(|| {
@@ -453,6 +452,49 @@ where
             _ => Next::Refuse(self.flavour.refuse(req, &v)),
         }
     }
+
+    /// A request the store queued whose slot comes after its deadline: its units go back
+    /// at once (the slot is free for the next request), and it is refused with the slot's
+    /// wait as its retry-after, counted apart from the other refusals.
+    #[cold]
+    fn late<Req, K>(
+        &self,
+        req: &mut Req,
+        at: &At<'_, F::Prepared>,
+        key: Option<K>,
+        d: &Decision,
+        wait: Duration,
+    ) -> Next<F::Refusal, F::Extra>
+    where
+        F: Flavour<Req>,
+        K: StoredKey,
+        St: Store<Option<K>>,
+    {
+        self.store.refund(&key, at.policy, at.cost);
+        let name = at.installed.set.entry(at.index).name.as_deref();
+        crate::deadline::refused(self.observe.label(), name.unwrap_or("default"), wait);
+        let late = late_decision(d, at.policy, wait);
+        Next::Refuse(self.flavour.late(req, &at.verdict(&late)))
+    }
+}
+
+/// A queued request's decision turned into its refusal for a deadline: refused, to retry
+/// when its slot would have come; the queues (the limits that make a request wait) are
+/// the limits it violates.
+fn late_decision(d: &Decision, policy: &Policy, wait: Duration) -> Decision {
+    let mut late = *d;
+    late.outcome = Outcome::Denied { retry_after: wait };
+    let limits = policy.limits();
+    for r in &mut late.limits[..usize::from(d.len)] {
+        let queue = limits.get(r.index()).is_none_or(|l| {
+            matches!(
+                l.algorithm(),
+                crate::algorithm::Algorithm::LeakyQueue { .. }
+            )
+        });
+        r.allowed = !queue;
+    }
+    late
 }
 
 /// Where a request stands once its policy is chosen: the set, the policy's index in it,
@@ -462,4 +504,17 @@ pub(crate) struct At<'a, P> {
     index: usize,
     policy: &'a Policy,
     cost: u64,
+}
+
+impl<'a, P> At<'a, P> {
+    /// What the flavour is told of decision `d` for this request.
+    fn verdict(&self, d: &'a Decision) -> Verdict<'a, P> {
+        Verdict {
+            decision: d,
+            name: self.installed.set.entry(self.index).name.as_deref(),
+            prepared: &self.installed.prepared[self.index],
+            // The response reports the limits enforced for this key.
+            shadow_mask: self.policy.shadow_mask(),
+        }
+    }
 }

@@ -249,12 +249,14 @@ pub(crate) enum Counted {
     Refused = 1,
     FailOpen = 2,
     FailClosed = 3,
+    /// Refused at its deadline, still waiting for a slot.
+    Deadline = 4,
 }
 
 /// An in-flight limit's metrics: its decisions, and the slots held now.
 #[derive(Debug)]
 pub(crate) struct InFlightMetrics {
-    requests: [Count; 4],
+    requests: [Count; 5],
     active: Level,
 }
 
@@ -263,8 +265,14 @@ impl InFlightMetrics {
     pub(crate) fn new(limiter: &str) -> Self {
         let l = ("tollgate.limiter", limiter);
         InFlightMetrics {
-            requests: ["admitted", "refused", "fail_open", "fail_closed"]
-                .map(|r| Count::new(IN_FLIGHT_REQUESTS, &[l, ("tollgate.result", r)], Bind::Now)),
+            requests: [
+                "admitted",
+                "refused",
+                "fail_open",
+                "fail_closed",
+                "deadline",
+            ]
+            .map(|r| Count::new(IN_FLIGHT_REQUESTS, &[l, ("tollgate.result", r)], Bind::Now)),
             active: Level::new(ACTIVE_LEASES, &[l], Bind::Now),
         }
     }

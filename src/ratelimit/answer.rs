@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Request, StatusCode};
 
 use super::access::Access;
+use crate::deadline::DeadlineSources;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::RequestHead;
@@ -57,6 +58,8 @@ pub struct Http {
     pub(crate) hook: Option<Hook>,
     pub(crate) access: Access,
     pub(crate) settle: Option<SettleRule>,
+    /// Where a request's deadline is read.
+    pub(crate) deadlines: DeadlineSources,
 }
 
 impl std::fmt::Debug for Http {
@@ -167,6 +170,10 @@ impl<B> Flavour<Request<B>> for Http {
             self.rare(req, v, settle, &mut headers);
         }
         Some(headers)
+    }
+
+    fn time_left(&self, req: &Request<B>) -> Option<std::time::Duration> {
+        self.deadlines.left(req)
     }
 
     fn failed(&self, req: &Request<B>, _: StoreError) -> Self::Refusal {

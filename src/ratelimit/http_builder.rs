@@ -11,6 +11,7 @@ use super::access;
 use super::answer::{DecisionEvent, HeadSelect, Http};
 use super::builder::Builder;
 use super::layer::RateLimitLayer;
+use crate::deadline::DeadlineSources;
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::{ClientIp, KeyExtractor, RequestHead};
@@ -163,6 +164,21 @@ impl<X, C> Builder<X, C, Http> {
     pub fn shadow_header(mut self, name: &str) -> Self {
         match HeaderName::from_bytes(name.as_bytes()) {
             Ok(n) => self.flavour.shadow_header = Some(n),
+            Err(_) => self
+                .settings
+                .fail(ConfigError::InvalidHeaderName(name.to_owned())),
+        }
+        self
+    }
+
+    /// Also reads a request's deadline from `name`, the time its caller has left in
+    /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
+    /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
+    /// whose slot would come after its deadline is refused at once, its slot left free:
+    /// see [`Deadline`](crate::Deadline).
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(n) => self.flavour.deadlines = DeadlineSources::with_header(n),
             Err(_) => self
                 .settings
                 .fail(ConfigError::InvalidHeaderName(name.to_owned())),
