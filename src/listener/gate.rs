@@ -69,8 +69,9 @@ impl Gate {
         let mut counts = lock(&self.counts);
         counts.total += 1;
         *counts.per.entry(group).or_insert(0) += 1;
+        let open = counts.total;
         drop(counts);
-        self.watch.opened(exempt);
+        self.watch.opened(exempt, open);
         Ok(Place {
             gate: Arc::clone(self),
             group,
@@ -90,8 +91,9 @@ impl Gate {
                 }
             }
         }
+        let open = counts.total;
         drop(counts);
-        self.watch.closed();
+        self.watch.closed(open);
     }
 
     /// Open connections: in total, and the address groups that have one.

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::observe::{key_hash, unix_secs, OncePerSecond};
+use crate::observe::{key_hash, unix_secs, Bind, Count, Level, OncePerSecond};
+use crate::observe::{CONNECTIONS, HEAD_TIMEOUTS, OPEN_CONNECTIONS};
 
 /// Why a connection was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,84 +55,56 @@ pub(super) struct Watch {
     refusals: Tally,
     late_heads: Tally,
     errors_logged: OncePerSecond,
-    #[cfg(feature = "metrics")]
     metrics: Metrics,
 }
 
-#[cfg(feature = "metrics")]
+/// A listener's series: `tollgate.connections_total` by result (admitted, exempt, then
+/// the refusals in [`Refusal`]'s order), closed heads, and the connections open.
 struct Metrics {
-    /// `tollgate.connections_total` by result: admitted, exempt, then the refusals in
-    /// [`Refusal`]'s order.
-    results: [metrics::Counter; 5],
-    head_timeouts: metrics::Counter,
-    open: metrics::Gauge,
+    results: [Count; 5],
+    head_timeouts: Count,
+    open: Level,
 }
 
 impl Watch {
     pub(super) fn new(label: Arc<str>) -> Self {
-        #[cfg(feature = "metrics")]
-        let metrics = {
-            use metrics::{describe_counter, describe_gauge, Unit};
-            describe_counter!(
-                "tollgate.connections_total",
-                Unit::Count,
-                "New connections at a limited listener, by result: admitted, exempt, or refused (rate_limited, address_full, total_full)"
-            );
-            describe_counter!(
-                "tollgate.connections.head_timeouts_total",
-                Unit::Count,
-                "Connections closed because their first request head did not arrive in time"
-            );
-            describe_gauge!(
-                "tollgate.connections.open",
-                Unit::Count,
-                "Connections open through a limited listener"
-            );
-            let l = label.to_string();
-            Metrics {
-                results: [
-                    "admitted",
-                    "exempt",
-                    Refusal::Rate.result(),
-                    Refusal::PerAddress.result(),
-                    Refusal::Total.result(),
-                ]
-                .map(|r| {
-                    metrics::counter!("tollgate.connections_total", "tollgate.listener" => l.clone(), "tollgate.result" => r)
-                }),
-                head_timeouts: metrics::counter!("tollgate.connections.head_timeouts_total", "tollgate.listener" => l.clone()),
-                open: metrics::gauge!("tollgate.connections.open", "tollgate.listener" => l),
-            }
+        let l = ("tollgate.listener", &*label);
+        let metrics = Metrics {
+            results: [
+                "admitted",
+                "exempt",
+                Refusal::Rate.result(),
+                Refusal::PerAddress.result(),
+                Refusal::Total.result(),
+            ]
+            .map(|r| Count::new(CONNECTIONS, &[l, ("tollgate.result", r)], Bind::Now)),
+            head_timeouts: Count::new(HEAD_TIMEOUTS, &[l], Bind::Now),
+            open: Level::new(OPEN_CONNECTIONS, &[l], Bind::Now),
         };
         Watch {
             label,
             refusals: Tally::default(),
             late_heads: Tally::default(),
             errors_logged: OncePerSecond::default(),
-            #[cfg(feature = "metrics")]
             metrics,
         }
     }
 
-    pub(super) fn opened(&self, exempt: bool) {
-        #[cfg(feature = "metrics")]
-        {
-            self.metrics.results[usize::from(exempt)].increment(1);
-            self.metrics.open.increment(1.0);
-        }
-        let _ = exempt;
+    /// A connection opened, `open` now open in all.
+    pub(super) fn opened(&self, exempt: bool, open: u32) {
+        self.metrics.results[usize::from(exempt)].add(1);
+        self.metrics.open.set(f64::from(open));
     }
 
-    pub(super) fn closed(&self) {
-        #[cfg(feature = "metrics")]
-        self.metrics.open.decrement(1.0);
+    /// A connection closed, `open` still open in all.
+    pub(super) fn closed(&self, open: u32) {
+        self.metrics.open.set(f64::from(open));
     }
 
     /// A refused connection: counted; logged (with the refusals since the last event) at
     /// most once a second.
     pub(super) fn refused(&self, why: Refusal, group: IpAddr) {
-        #[cfg(feature = "metrics")]
-        self.metrics.results[2 + why as usize].increment(1);
+        self.metrics.results[2 + why as usize].add(1);
         if let Some(n) = self.refusals.tick() {
             tracing::warn!(
                 target: "tollgate",
@@ -146,8 +119,7 @@ impl Watch {
 
     /// A connection closed for not sending its first request head in time.
     pub(super) fn head_timed_out(&self) {
-        #[cfg(feature = "metrics")]
-        self.metrics.head_timeouts.increment(1);
+        self.metrics.head_timeouts.add(1);
         if let Some(n) = self.late_heads.tick() {
             tracing::warn!(
                 target: "tollgate",

@@ -26,6 +26,13 @@ pub(crate) const ERRORS: &str = "tollgate.store.errors_total";
 pub(crate) const BREAKER: &str = "tollgate.store.breaker.state";
 pub(crate) const KEYS: &str = "tollgate.store.keys";
 pub(crate) const EVICTIONS: &str = "tollgate.store.evictions_total";
+// The listener's series, described with the others.
+#[cfg_attr(not(feature = "listener"), allow(dead_code))]
+pub(crate) const CONNECTIONS: &str = "tollgate.connections_total";
+#[cfg_attr(not(feature = "listener"), allow(dead_code))]
+pub(crate) const HEAD_TIMEOUTS: &str = "tollgate.connections.head_timeouts_total";
+#[cfg_attr(not(feature = "listener"), allow(dead_code))]
+pub(crate) const OPEN_CONNECTIONS: &str = "tollgate.connections.open";
 
 /// Gives every metric its unit and description (the exporter's `HELP` and unit), in the
 /// recorder in force; repeated when a layer or a store is built and when a handle finds
@@ -33,6 +40,21 @@ pub(crate) const EVICTIONS: &str = "tollgate.store.evictions_total";
 #[cfg(feature = "metrics")]
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        CONNECTIONS,
+        Unit::Count,
+        "New connections at a limited listener, by result: admitted, exempt, or refused (rate_limited, address_full, total_full)"
+    );
+    describe_counter!(
+        HEAD_TIMEOUTS,
+        Unit::Count,
+        "Connections closed because their first request head did not arrive in time"
+    );
+    describe_gauge!(
+        OPEN_CONNECTIONS,
+        Unit::Count,
+        "Connections open through a limited listener"
+    );
     describe_counter!(
         RATE_LIMIT_REQUESTS,
         Unit::Count,

@@ -15,6 +15,8 @@ use std::{
 };
 
 pub(crate) use self::handles::{Bind, Count, Held, RATE_LIMIT_REQUESTS};
+#[cfg(feature = "listener")]
+pub(crate) use self::handles::{Level, CONNECTIONS, HEAD_TIMEOUTS, OPEN_CONNECTIONS};
 use self::handles::{DEGRADED, SCREENED};
 pub(crate) use self::meters::{Counted, InFlightMetrics, PolicyMetrics, StoreMetrics};
 use crate::decision::{Decision, Source};
