@@ -285,23 +285,23 @@ fn deadline_refusals_are_counted_apart() {
             .sum()
     };
     assert_eq!(
-        counted("tollgate.rate_limit.requests", "queue", "deadline"),
+        counted("tollgate.rate_limit.requests_total", "queue", "deadline"),
         2
     );
     assert_eq!(
-        counted("tollgate.rate_limit.requests", "queue", "refused"),
+        counted("tollgate.rate_limit.requests_total", "queue", "refused"),
         0
     );
     assert_eq!(
-        counted("tollgate.rate_limit.requests", "queue", "delayed"),
+        counted("tollgate.rate_limit.requests_total", "queue", "delayed"),
         0
     );
     assert_eq!(
-        counted("tollgate.in_flight.requests", "slots", "deadline"),
+        counted("tollgate.in_flight.requests_total", "slots", "deadline"),
         1
     );
     assert_eq!(
-        counted("tollgate.in_flight.requests", "slots", "refused"),
+        counted("tollgate.in_flight.requests_total", "slots", "refused"),
         0
     );
 }
