@@ -8,4 +8,3 @@ mod watch;
 
 pub use accept::LimitedListener;
 pub use limits::ConnectionLimits;
-pub use stream::LimitedStream;

@@ -19,6 +19,8 @@ use super::gate::Place;
 /// passed fails with [`io::ErrorKind::TimedOut`], and the server closes the connection.
 ///
 /// See the [module docs](super).
+// Public only as the listener's `Io` type, unnamed by users: they see an
+// `AsyncRead + AsyncWrite` stream.
 pub struct LimitedStream {
     io: TcpStream,
     head: Option<Head>,
