@@ -121,11 +121,13 @@ impl Gcra {
     /// Outcome and report of an admitted request whose new TAT is `diff` ahead of now.
     #[inline]
     pub(crate) fn admitted(&self, diff: u64) -> (Outcome, LimitReport) {
-        let wait = diff.saturating_sub(self.free);
+        // Most admissions do not wait: zero skips the conversion's division.
+        let wait = match diff.saturating_sub(self.free) {
+            0 => std::time::Duration::ZERO,
+            wait => std::time::Duration::from_nanos(wait),
+        };
         (
-            Outcome::Allowed {
-                wait: std::time::Duration::from_nanos(wait),
-            },
+            Outcome::Allowed { wait },
             self.report(diff, true),
         )
     }
@@ -133,7 +135,7 @@ impl Gcra {
     /// Decides against a TAT held in an atomic cell, storing the new TAT with a
     /// compare-and-swap when admitted (a refusal writes nothing). Same decisions as
     /// [`Gcra::eval`]; the report is computed once, after the swap succeeded.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn charge(
         &self,
         cell: &AtomicU64,
