@@ -329,9 +329,7 @@ fn clocks_between_misses() -> (Batch, Batch) {
     let t0 = theirs.now();
     let (mut a, mut b) = (0, 0);
     (
-        Box::new(move |n| {
-            walk(&cells, &mut a, n, || ours.elapsed().as_nanos() as u64)
-        }),
+        Box::new(move |n| walk(&cells, &mut a, n, || ours.elapsed().as_nanos() as u64)),
         Box::new(move |n| {
             walk(&theirs_cells, &mut b, n, || {
                 theirs.now().duration_since(t0).as_u64()

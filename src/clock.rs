@@ -308,7 +308,10 @@ mod tests {
         let end = source.raw();
         let ours = ((u128::from(end - start) * u128::from(*scale)) >> 32) as u64;
         let quanta = source.delta_as_nanos(start, end);
-        assert!(ours.abs_diff(quanta) <= 1 + quanta / 1_000_000_000, "{ours} vs {quanta}");
+        assert!(
+            ours.abs_diff(quanta) <= 1 + quanta / 1_000_000_000,
+            "{ours} vs {quanta}"
+        );
     }
 
     #[test]

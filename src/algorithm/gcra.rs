@@ -126,10 +126,7 @@ impl Gcra {
             0 => std::time::Duration::ZERO,
             wait => std::time::Duration::from_nanos(wait),
         };
-        (
-            Outcome::Allowed { wait },
-            self.report(diff, true),
-        )
+        (Outcome::Allowed { wait }, self.report(diff, true))
     }
 
     /// Decides against a TAT held in an atomic cell, storing the new TAT with a
