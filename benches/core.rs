@@ -28,6 +28,9 @@
 //!
 //! - `refusal/*`: a refusal against an admission of the same limiter (the `deny` and
 //!   `allow` workloads above), interleaved the same way.
+//! - `clock/*`: one read of each clock against governor's (quanta's TSC read): tollgate's
+//!   default (`now`), tokio's `Instant`, std's `Instant`, the OS's coarse clock, `TscClock`
+//!   (feature `tsc`), and tokio's `Instant` between cache misses.
 //!
 //! The tollgate side keeps the whole [`tollgate::Decision`] alive (`black_box`), so the
 //! reports it carries (remaining, reset, next unit) are computed: governor's allow path
