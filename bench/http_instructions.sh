@@ -20,7 +20,9 @@ command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install 
 cargo build --release -p tollgate-benches --example load_server -q
 bin=${CARGO_TARGET_DIR:-target}/release/examples/load_server
 out=$(mktemp -d)
-trap 'pkill -9 -f "callgrind.*load_server" 2>/dev/null || true; rm -rf "$out"' EXIT
+pid=""
+# Only the server this script started is stopped, by its id.
+trap '[[ -n $pid ]] && kill -9 "$pid" 2>/dev/null; rm -rf "$out"' EXIT
 
 echo "| server | requests measured | instructions per request | vs bare |"
 echo "|---|---|---|---|"

@@ -28,6 +28,9 @@
 //!
 //! - `refusal/*`: a refusal against an admission of the same limiter (the `deny` and
 //!   `allow` workloads above), interleaved the same way.
+//! - `clock/*`: one read of each clock against governor's (quanta's TSC read): tollgate's
+//!   default (`now`), tokio's `Instant`, std's `Instant`, the OS's coarse clock, `TscClock`
+//!   (feature `tsc`), and tokio's `Instant` between cache misses.
 //!
 //! The tollgate side keeps the whole [`tollgate::Decision`] alive (`black_box`), so the
 //! reports it carries (remaining, reset, next unit) are computed: governor's allow path
@@ -256,35 +259,57 @@ fn threaded(mode: Mode, keys: u32) -> (Batch, Batch) {
     )
 }
 
-/// The clocks alone: tollgate's default clock (tokio's) against governor's default clock
-/// (the TSC, through quanta).
+/// A batch of `n` reads of a clock.
+fn reads<T>(now: impl Fn() -> T + 'static) -> Batch {
+    Box::new(move |n| {
+        let start = cpu();
+        for _ in 0..n {
+            black_box(now());
+        }
+        cpu() - start
+    })
+}
+
+/// The clocks alone: tollgate's default clock against governor's default clock (the TSC,
+/// through quanta). Built as users build tollgate (no tokio `test-util`), the default
+/// clock reads the counter too; the assertion says so.
 fn clocks() -> (Batch, Batch) {
     let ours =
         *MemoryStore::<u32>::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap())
             .clock();
+    assert!(
+        format!("{ours:?}").contains("Counter"),
+        "the default clock reads tokio's Instant: this build has tokio's test-util"
+    );
+    let theirs = governor::clock::DefaultClock::default();
+    (reads(move || ours.now()), reads(move || theirs.now()))
+}
+
+/// `tokio::time::Instant::elapsed`, the OS monotonic clock where tokio cannot pause (what
+/// the default clock read before it read the counter), against governor's default clock.
+fn tokio_clock() -> (Batch, Batch) {
+    let ours = tokio::time::Instant::now();
     let theirs = governor::clock::DefaultClock::default();
     (
-        Box::new(move |n| {
-            let start = cpu();
-            for _ in 0..n {
-                black_box(ours.now());
-            }
-            cpu() - start
-        }),
-        Box::new(move |n| {
-            let start = cpu();
-            for _ in 0..n {
-                black_box(theirs.now());
-            }
-            cpu() - start
-        }),
+        reads(move || ours.elapsed().as_nanos() as u64),
+        reads(move || theirs.now()),
+    )
+}
+
+/// The OS's coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: the time of the last
+/// scheduler tick, a few ms steps), against governor's default clock.
+fn coarse_clock() -> (Batch, Batch) {
+    let theirs = governor::clock::DefaultClock::default();
+    (
+        reads(|| rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse).tv_nsec),
+        reads(move || theirs.now()),
     )
 }
 
 /// Each clock read once per step of a loop that misses the cache and makes a
 /// compare-and-swap per step (64 MB of cells visited in stride order), as a check on many
-/// keys does: tokio's clock, whose counter read waits for every earlier load, against
-/// quanta's, which lets the next steps' misses overlap.
+/// keys does: tokio's `Instant` (the OS clock), whose counter read waits for every earlier
+/// load, against quanta's, which lets the next steps' misses overlap.
 fn clocks_between_misses() -> (Batch, Batch) {
     use std::sync::atomic::{AtomicU64, Ordering};
     const CELLS: usize = 1 << 23;
@@ -302,14 +327,12 @@ fn clocks_between_misses() -> (Batch, Batch) {
     }
     let cells: Arc<[AtomicU64]> = (0..CELLS).map(|_| AtomicU64::new(0)).collect();
     let theirs_cells = Arc::clone(&cells);
-    let ours =
-        *MemoryStore::<u32>::new(Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap())
-            .clock();
+    let ours = tokio::time::Instant::now();
     let theirs = governor::clock::DefaultClock::default();
     let t0 = theirs.now();
     let (mut a, mut b) = (0, 0);
     (
-        Box::new(move |n| walk(&cells, &mut a, n, || ours.now())),
+        Box::new(move |n| walk(&cells, &mut a, n, || ours.elapsed().as_nanos() as u64)),
         Box::new(move |n| {
             walk(&theirs_cells, &mut b, n, || {
                 theirs.now().duration_since(t0).as_u64()
@@ -323,21 +346,18 @@ fn std_clock() -> (Batch, Batch) {
     let ours = Instant::now();
     let theirs = governor::clock::DefaultClock::default();
     (
-        Box::new(move |n| {
-            let start = cpu();
-            for _ in 0..n {
-                black_box(ours.elapsed().as_nanos() as u64);
-            }
-            cpu() - start
-        }),
-        Box::new(move |n| {
-            let start = cpu();
-            for _ in 0..n {
-                black_box(theirs.now());
-            }
-            cpu() - start
-        }),
+        reads(move || ours.elapsed().as_nanos() as u64),
+        reads(move || theirs.now()),
     )
+}
+
+/// tollgate's opt-in `TscClock` (feature `tsc`) against governor's default clock, which
+/// reads the same counter through the same quanta calibration.
+#[cfg(feature = "tsc")]
+fn tsc_clock() -> (Batch, Batch) {
+    let ours = tollgate::clock::TscClock::new();
+    let theirs = governor::clock::DefaultClock::default();
+    (reads(move || ours.now()), reads(move || theirs.now()))
 }
 
 /// The key's hash alone: tollgate's (foldhash) against governor's DashMap default
@@ -385,14 +405,17 @@ fn cases() -> Vec<(&'static str, (&'static str, &'static str), MakeCase)> {
         ("2thr/hot/deny", || threaded(Mode::Deny, 1)),
         ("2thr/spread/allow", || threaded(Mode::Allow, KEYS)),
         ("clock/now", clocks),
-        ("clock/between-misses", clocks_between_misses),
+        ("clock/tokio-instant", tokio_clock),
         ("clock/std-instant", std_clock),
+        ("clock/coarse", coarse_clock),
+        ("clock/between-misses", clocks_between_misses),
         ("hash/ipv4", hashes),
     ];
     #[cfg(feature = "tsc")]
     peers.extend([
         ("check/1key/allow/tsc", (|| single_tsc(1)) as MakeCase),
         ("check/1M/allow/tsc", || single_tsc(KEYS)),
+        ("clock/tsc", tsc_clock),
     ]);
     let refusals: [(&'static str, MakeCase); 4] = [
         ("refusal/tollgate/1key", || refusal(false, 1)),

@@ -6,10 +6,14 @@
 //! built, and from then on advances with a monotonic source, so a system clock jump later
 //! on cannot grant or deny anything.
 //!
-//! - The default of every store (`TokioClock`, used without naming it): follows
-//!   `tokio::time::Instant`, so
+//! - The default of every store (used without naming it): follows tokio's clock, so
 //!   `#[tokio::test(start_paused = true)]` and `tokio::time::advance` drive the limiter and
-//!   the delay queue's timers together (outside a runtime it reads the OS monotonic clock).
+//!   the delay queue's timers together. Only a build whose tokio has its `test-util`
+//!   feature (what a test enables to pause time) can pause it; in any other build tokio's
+//!   clock is the OS monotonic clock, and the default reads the CPU's time-stamp counter
+//!   instead, as `TscClock` does: the same time at a third of the cost of a
+//!   `clock_gettime` call (`BENCHMARKS.md`). Which one is settled when the crate is
+//!   compiled, so reading it costs no test.
 //! - [`ManualClock`]: moved by hand, for tests and simulations that reproduce decisions
 //!   exactly. It starts at the Unix epoch unless built with [`ManualClock::at`].
 //! - `TscClock` (feature `tsc`): the CPU's invariant time-stamp counter scaled to
@@ -91,24 +95,42 @@ pub(crate) use self::tokio_clock::TokioClock;
 /// The default clock, in a module of its own: stores use it when given no other, and no
 /// user needs to name it.
 mod tokio_clock {
-    use super::{unix_now, Clock};
+    use super::{tsc::TscClock, unix_now, Clock};
 
-    /// Follows `tokio::time::Instant`, including paused and advanced test time, from the Unix
-    /// time read when it was built. Outside a runtime it reads the OS monotonic clock. The
-    /// default clock of every store. See the [module docs](super).
+    /// Follows tokio's clock, from the Unix time read when it was built: tokio's own
+    /// `Instant` (paused and advanced test time included) where tokio can pause, else the
+    /// CPU's counter. The default clock of every store. See the [module docs](super).
     #[derive(Clone, Copy, Debug)]
-    pub struct TokioClock {
-        start: tokio::time::Instant,
-        unix_at_start: u64,
+    pub struct TokioClock(Source);
+
+    #[derive(Clone, Copy, Debug)]
+    enum Source {
+        /// tokio's `Instant` (outside a runtime, the OS monotonic clock).
+        Tokio {
+            start: tokio::time::Instant,
+            unix_at_start: u64,
+        },
+        /// The counter: what tokio's clock reads, when it cannot be paused, for less.
+        Counter(TscClock),
     }
 
     impl TokioClock {
         /// A clock reading the wall clock now, then advancing with tokio's clock.
         pub fn new() -> Self {
-            TokioClock {
-                start: tokio::time::Instant::now(),
-                unix_at_start: unix_now(),
-            }
+            TokioClock(if pause::PAUSABLE {
+                Source::Tokio {
+                    start: tokio::time::Instant::now(),
+                    unix_at_start: unix_now(),
+                }
+            } else {
+                Source::Counter(TscClock::new())
+            })
+        }
+
+        /// Whether the clock reads tokio's `Instant` (it can be paused).
+        #[cfg(test)]
+        pub(crate) fn follows_paused_time(&self) -> bool {
+            matches!(self.0, Source::Tokio { .. })
         }
     }
 
@@ -121,19 +143,87 @@ mod tokio_clock {
     impl Clock for TokioClock {
         #[inline]
         fn now(&self) -> u64 {
-            self.unix_at_start + self.start.elapsed().as_nanos() as u64
+            match &self.0 {
+                Source::Counter(counter) => counter.now(),
+                Source::Tokio {
+                    start,
+                    unix_at_start,
+                } => unix_at_start + start.elapsed().as_nanos() as u64,
+            }
         }
+    }
+
+    /// Whether this build's tokio can pause time: whether it has its `test-util` feature,
+    /// which cargo enables in a test build when the tests' tokio asks for it. That
+    /// feature adds the inherent `Builder::start_paused`; without it, the path
+    /// `Builder::start_paused` falls back on the method of the trait below, whose return
+    /// type says so.
+    mod pause {
+        use tokio::runtime::Builder;
+
+        /// What the fallback `start_paused` returns.
+        pub(super) struct Absent;
+
+        /// The fallback, used only when tokio has no `start_paused` of its own.
+        #[allow(dead_code)]
+        trait StartPaused {
+            fn start_paused(&mut self, _: bool) -> Absent {
+                Absent
+            }
+        }
+
+        impl StartPaused for Builder {}
+
+        /// Whether a `start_paused` returning `Self` is tokio's own.
+        pub(super) trait Pausable {
+            const PAUSABLE: bool;
+        }
+
+        impl Pausable for Absent {
+            const PAUSABLE: bool = false;
+        }
+
+        impl Pausable for &'static mut Builder {
+            const PAUSABLE: bool = true;
+        }
+
+        const fn pausable<F, R>(_: &F) -> bool
+        where
+            F: FnOnce(&'static mut Builder, bool) -> R,
+            R: Pausable,
+        {
+            R::PAUSABLE
+        }
+
+        /// Whether tokio's clock can be paused in this build.
+        pub(super) const PAUSABLE: bool = pausable(&Builder::start_paused);
     }
 }
 
-#[cfg(feature = "tsc")]
+// The counter clock: the default clock reads it in builds where tokio cannot pause; public
+// as `TscClock` with the `tsc` feature.
+#[cfg_attr(not(feature = "tsc"), allow(unreachable_pub, dead_code))]
 mod tsc {
     use std::sync::OnceLock;
 
     use super::{unix_now, Clock};
 
-    /// The process-wide counter source, calibrated once.
-    static SOURCE: OnceLock<quanta::Clock> = OnceLock::new();
+    /// The process-wide counter source, calibrated once, and its scale: nanoseconds per
+    /// 2^32 counts.
+    static SOURCE: OnceLock<(quanta::Clock, u64)> = OnceLock::new();
+
+    /// The counter and its scale, as one multiplication and a shift: quanta's own scaling
+    /// (`delta_as_nanos`) is a multiplication by a factor and a shift by a count read per
+    /// call; read once, they give the nanoseconds of 2^32 counts, the same to within a
+    /// part in a billion. Where quanta reads the OS clock instead of a counter, its raw
+    /// readings are nanoseconds and the scale is 2^32.
+    pub(super) fn source() -> &'static (quanta::Clock, u64) {
+        SOURCE.get_or_init(|| {
+            let clock = quanta::Clock::new();
+            let scale = clock.delta_as_nanos(0, 1 << 32);
+            (clock, scale)
+        })
+    }
 
     /// The CPU's time-stamp counter (feature `tsc`). See the [module docs](super).
     ///
@@ -145,6 +235,8 @@ mod tsc {
     #[derive(Clone, Copy, Debug)]
     pub struct TscClock {
         source: &'static quanta::Clock,
+        /// Nanoseconds per 2^32 counts.
+        scale: u64,
         start: u64,
         unix_at_start: u64,
     }
@@ -152,9 +244,10 @@ mod tsc {
     impl TscClock {
         /// A clock reading the wall clock now, then advancing with the counter.
         pub fn new() -> Self {
-            let source = SOURCE.get_or_init(quanta::Clock::new);
+            let (source, scale) = source();
             TscClock {
                 source,
+                scale: *scale,
                 start: source.raw(),
                 unix_at_start: unix_now(),
             }
@@ -171,7 +264,8 @@ mod tsc {
         #[inline]
         fn now(&self) -> u64 {
             // Scaling is monotonic; a reading at or before the start is the start.
-            self.unix_at_start + self.source.delta_as_nanos(self.start, self.source.raw())
+            let counts = self.source.raw().saturating_sub(self.start);
+            self.unix_at_start + ((u128::from(counts) * u128::from(self.scale)) >> 32) as u64
         }
     }
 }
@@ -190,11 +284,34 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 mod tests {
     use super::*;
 
+    /// Tests build tokio with `test-util`, so the default clock must read tokio's
+    /// `Instant` there (the benchmarks, built without it, read the counter).
+    #[test]
+    fn default_clock_follows_tokio_where_time_can_pause() {
+        assert!(TokioClock::new().follows_paused_time());
+    }
+
     #[test]
     fn default_clock_reads_unix_time() {
         let before = unix_now();
         let now = TokioClock::new().now();
         assert!(now >= before && now - before < 60_000_000_000);
+    }
+
+    /// The counter clock's one multiplication scales as quanta does, to within a part in
+    /// a billion (plus a nanosecond of rounding).
+    #[test]
+    fn counter_clock_scales_as_quanta() {
+        let (source, scale) = tsc::source();
+        let start = source.raw();
+        std::thread::sleep(Duration::from_millis(20));
+        let end = source.raw();
+        let ours = ((u128::from(end - start) * u128::from(*scale)) >> 32) as u64;
+        let quanta = source.delta_as_nanos(start, end);
+        assert!(
+            ours.abs_diff(quanta) <= 1 + quanta / 1_000_000_000,
+            "{ours} vs {quanta}"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! through the layer makes no more allocations than the same request without it (IETF
 //! headers off), and exactly one more with the `RateLimit` field (its formatted value); so
 //! do the in-flight and fair layers. A refusal allocates no more than an admission plus
-//! its response.
+//! its response, whatever its wait.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -150,5 +150,15 @@ fn memory_path_allocates_no_boxed_future() {
     assert!(
         refused <= admitted_total + 1,
         "refusal {refused} vs admission {admitted_total}"
+    );
+
+    // A wait of 100 s or more is not static text: its `Retry-After` value shares the
+    // `RateLimit` value's allocation, so a long wait allocates no more than a short one.
+    let mut refusing_long = layered(Quota::per_hour(1).unwrap(), true);
+    allocations(&mut refusing_long);
+    let refused_long = allocations(&mut refusing_long);
+    assert_eq!(
+        refused_long, refused,
+        "a refusal with Retry-After: 3600 vs one with Retry-After: 60"
     );
 }

@@ -121,19 +121,18 @@ impl Gcra {
     /// Outcome and report of an admitted request whose new TAT is `diff` ahead of now.
     #[inline]
     pub(crate) fn admitted(&self, diff: u64) -> (Outcome, LimitReport) {
-        let wait = diff.saturating_sub(self.free);
-        (
-            Outcome::Allowed {
-                wait: std::time::Duration::from_nanos(wait),
-            },
-            self.report(diff, true),
-        )
+        // Most admissions do not wait: zero skips the conversion's division.
+        let wait = match diff.saturating_sub(self.free) {
+            0 => std::time::Duration::ZERO,
+            wait => std::time::Duration::from_nanos(wait),
+        };
+        (Outcome::Allowed { wait }, self.report(diff, true))
     }
 
     /// Decides against a TAT held in an atomic cell, storing the new TAT with a
     /// compare-and-swap when admitted (a refusal writes nothing). Same decisions as
     /// [`Gcra::eval`]; the report is computed once, after the swap succeeded.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn charge(
         &self,
         cell: &AtomicU64,

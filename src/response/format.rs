@@ -12,8 +12,10 @@ use http::StatusCode;
 
 use super::grpc;
 use super::settle::Pending;
+pub(crate) use super::values::problem_body;
 use super::values::{
-    json_escape, push_u64, retry_after_secs, seconds_value, sf_string, shared_value, Exact, Item,
+    items_and_seconds, items_value, push_u64, retry_after_secs, seconds_value, sf_string,
+    shared_value, Item,
 };
 use crate::{decision::Decision, decision::Outcome, decision::MAX_LIMITS, policy::Policy};
 
@@ -87,6 +89,10 @@ pub struct Fields {
     exceeds_bodies: Vec<Bytes>,
     /// Every limit: the mask of a key shadowed from none.
     all: usize,
+    /// The head of the commonest refusal (a denied request, a problem body, the IETF
+    /// fields of every limit), its `Retry-After` and `RateLimit` values left blank: one
+    /// clone of it is a refusal's header map, without a name hashed.
+    denied_head: HeaderMap,
 }
 
 impl fmt::Debug for Fields {
@@ -168,43 +174,6 @@ impl Extra {
     }
 }
 
-/// A `RateLimit` field value of one item, `"name";r=N;t=S` (`prefix` is `"name";r=`).
-pub(crate) fn problem_body(
-    status: u16,
-    title: &str,
-    detail: &str,
-    violated: &[&str],
-    typ: Option<&str>,
-) -> Bytes {
-    let mut s = String::from("{");
-    if let Some(t) = typ {
-        s.push_str("\"type\":\"");
-        s.push_str(t);
-        s.push_str("\",");
-    }
-    s.push_str("\"title\":\"");
-    s.push_str(title);
-    s.push_str("\",\"status\":");
-    s.push_str(itoa::Buffer::new().format(status));
-    s.push_str(",\"detail\":\"");
-    json_escape(detail, &mut s);
-    s.push('"');
-    if typ.is_some() {
-        s.push_str(",\"violated-policies\":[");
-        for (i, name) in violated.iter().enumerate() {
-            if i > 0 {
-                s.push(',');
-            }
-            s.push('"');
-            json_escape(name, &mut s);
-            s.push('"');
-        }
-        s.push(']');
-    }
-    s.push('}');
-    Bytes::from(s)
-}
-
 impl Fields {
     pub(crate) fn new(policy: &Policy) -> Self {
         let limits = policy.limits();
@@ -234,7 +203,7 @@ impl Fields {
         let pick = |mask: usize| -> Vec<usize> {
             (0..limits.len()).filter(|i| mask & (1 << i) != 0).collect()
         };
-        let policy_values = (0..subsets)
+        let policy_values: Vec<HeaderValue> = (0..subsets)
             .map(|mask| {
                 let mut v = Vec::new();
                 for (n, i) in pick(mask).into_iter().enumerate() {
@@ -261,6 +230,7 @@ impl Fields {
                 .collect()
         };
         Fields {
+            denied_head: denied_head(&policy_values[subsets - 1]),
             policy_values,
             prefixes,
             quotas: limits.iter().map(|l| l.quota().limit()).collect(),
@@ -275,6 +245,18 @@ impl Fields {
     /// The `RateLimit` field value for a decision, over the limits in `mask`: its numbers
     /// formatted first, then the value written into one allocation of its length.
     pub(crate) fn rate_limit_value(&self, d: &Decision, mask: usize) -> HeaderValue {
+        self.rate_limit_items(d, mask, items_value)
+    }
+
+    /// The `RateLimit` items of a decision over the limits in `mask`, formatted, and their
+    /// length as one value (separators included), handed to `f`.
+    #[inline]
+    fn rate_limit_items<R>(
+        &self,
+        d: &Decision,
+        mask: usize,
+        f: impl FnOnce(&[Item<'_>], usize) -> R,
+    ) -> R {
         let mut numbers = [[itoa::Buffer::new(); 2]; MAX_LIMITS];
         let mut items = [const { Item(&[], "", "") }; MAX_LIMITS];
         let (mut n, mut len) = (0, 0);
@@ -291,14 +273,7 @@ impl Fields {
             items[n] = item;
             n += 1;
         }
-        let mut v = Exact::new(len);
-        for (k, item) in items[..n].iter().enumerate() {
-            if k > 0 {
-                v.push(b", ");
-            }
-            v.item(item);
-        }
-        v.value()
+        f(&items[..n], len)
     }
 
     /// The limits a decision reports on: all but those in shadow for the key (a client is
@@ -380,7 +355,41 @@ impl Fields {
             };
             bodies[mask.min(bodies.len() - 1)].clone()
         });
-        self.quota_refusal(a, d, shadow, body, None)
+        match (body, d.outcome()) {
+            (Some(body), Outcome::Denied { retry_after })
+                if a.ietf && !a.legacy && self.mask(shadow) == self.all =>
+            {
+                self.denied(d, body, retry_after)
+            }
+            (body, _) => self.quota_refusal(a, d, shadow, body, None),
+        }
+    }
+
+    /// The commonest refusal, from its preformatted head: the same response as
+    /// [`Fields::quota_refusal`] gives it, its two values per request written together.
+    fn denied(&self, d: &Decision, body: Bytes, wait: Duration) -> Response<Bytes> {
+        let (rate_limit, retry_after) = self.rate_limit_items(d, self.all, |items, len| {
+            items_and_seconds(items, len, retry_after_secs(wait))
+        });
+        let mut r = Response::new(body);
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        let h = r.headers_mut();
+        *h = self.denied_head.clone();
+        // Filled by name, in one pass over the five entries (no name hashed).
+        let (mut retry_after, mut rate_limit) = (Some(retry_after), Some(rate_limit));
+        for (name, blank) in h.iter_mut() {
+            let value = if name == RETRY_AFTER {
+                retry_after.take()
+            } else if name == RATELIMIT {
+                rate_limit.take()
+            } else {
+                None
+            };
+            if let Some(value) = value {
+                *blank = value;
+            }
+        }
+        r
     }
 
     /// The refusal of a gRPC request: `RESOURCE_EXHAUSTED` with the exact retry delay in
@@ -454,6 +463,20 @@ pub(crate) fn quota_refusal(
     r
 }
 
+/// The head of a denied request's standard refusal, as [`quota_refusal`] and
+/// [`ResponseHeaders::apply`] write it (in that order), with `policy` as its
+/// `RateLimit-Policy` and blank `Retry-After` and `RateLimit` values.
+fn denied_head(policy: &HeaderValue) -> HeaderMap {
+    let blank = HeaderValue::from_static("");
+    let mut h = HeaderMap::with_capacity(5);
+    h.insert(CONTENT_TYPE, PROBLEM_JSON);
+    h.insert(CACHE_CONTROL, NO_STORE);
+    h.insert(RETRY_AFTER, blank.clone());
+    h.append(&RATELIMIT_POLICY, policy.clone());
+    h.append(&RATELIMIT, blank);
+    h
+}
+
 /// A response of the middleware's own that is not a rate-limit refusal (no key, a deny
 /// list, a failed store under fail-closed): a problem body, or for a gRPC call the status
 /// of the same meaning.
@@ -520,6 +543,37 @@ mod tests {
     fn seconds_values_are_exact() {
         for n in (0..=150).chain([1_000, u64::MAX]) {
             assert_eq!(seconds_value(n).to_str().unwrap(), n.to_string());
+        }
+    }
+
+    /// The commonest refusal, written from its preformatted head, is the response the
+    /// general path writes: the same status, fields in the same order, the same body.
+    #[test]
+    fn denied_refusals_are_the_general_ones() {
+        use crate::{algorithm::Limit, clock::ManualClock, quota::Quota, store::MemoryStore};
+        let long = "a-policy-name-long-enough-that-its-items-do-not-fit-together";
+        for (limit, name) in [
+            (Limit::token_bucket(Quota::per_minute(1).unwrap()), "m"),
+            (Limit::token_bucket(Quota::per_hour(1).unwrap()), "h"),
+            (Limit::token_bucket(Quota::per_day(2).unwrap()), long),
+        ] {
+            let policy = Policy::new(limit.unwrap().named(name).unwrap());
+            let store = MemoryStore::new(policy.clone()).with_clock(ManualClock::new());
+            while store.check(&1, 1).is_allowed() {}
+            let d = store.check(&1, 1);
+            let fields = Fields::new(&policy);
+            let a = Answers::default();
+            let fast = fields.refusal(&a, &d, 0);
+            let general = fields.quota_refusal(&a, &d, 0, Some(fields.bodies[1].clone()), None);
+            assert_eq!(fast.status(), general.status());
+            let pairs = |r: &Response<Bytes>| -> Vec<(String, String)> {
+                r.headers()
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                    .collect()
+            };
+            assert_eq!(pairs(&fast), pairs(&general), "{name}");
+            assert_eq!(fast.body(), general.body());
         }
     }
 

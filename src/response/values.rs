@@ -1,5 +1,6 @@
 //! Header values and body text written by hand: `Retry-After` seconds (rounded up),
-//! `RateLimit` items, structured-field strings, JSON escapes, and values of an exact length.
+//! `RateLimit` items, structured-field strings, problem bodies and their JSON escapes,
+//! values of an exact length, and a refusal's two values in one allocation.
 
 use std::time::Duration;
 
@@ -64,7 +65,45 @@ pub(crate) fn shared_value(bytes: Vec<u8>) -> HeaderValue {
     value
 }
 
-pub(super) fn json_escape(s: &str, out: &mut String) {
+/// A problem body (RFC 9457): its type (when given, with the violated policies), title,
+/// status and detail.
+pub(crate) fn problem_body(
+    status: u16,
+    title: &str,
+    detail: &str,
+    violated: &[&str],
+    typ: Option<&str>,
+) -> Bytes {
+    let mut s = String::from("{");
+    if let Some(t) = typ {
+        s.push_str("\"type\":\"");
+        s.push_str(t);
+        s.push_str("\",");
+    }
+    s.push_str("\"title\":\"");
+    s.push_str(title);
+    s.push_str("\",\"status\":");
+    s.push_str(itoa::Buffer::new().format(status));
+    s.push_str(",\"detail\":\"");
+    json_escape(detail, &mut s);
+    s.push('"');
+    if typ.is_some() {
+        s.push_str(",\"violated-policies\":[");
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push('"');
+            json_escape(name, &mut s);
+            s.push('"');
+        }
+        s.push(']');
+    }
+    s.push('}');
+    Bytes::from(s)
+}
+
+fn json_escape(s: &str, out: &mut String) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -83,6 +122,80 @@ pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
         out.push(b);
     }
     out.push(b'"');
+}
+
+/// Room for a refusal's `RateLimit` value and its `Retry-After` seconds written together.
+const ROOM: usize = 64;
+
+/// Header values written back to back into one small buffer, which one allocation then
+/// holds for all of them: each value is a slice of it.
+struct Together {
+    buf: [u8; ROOM],
+    len: usize,
+}
+
+impl AsRef<[u8]> for Together {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Together {
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+}
+
+/// A value of `items` (`len` bytes, their separators included): `RateLimit`'s.
+pub(super) fn items_value(items: &[Item<'_>], len: usize) -> HeaderValue {
+    let mut v = Exact::new(len);
+    for (k, item) in items.iter().enumerate() {
+        if k > 0 {
+            v.push(b", ");
+        }
+        v.item(item);
+    }
+    v.value()
+}
+
+/// The `RateLimit` value of `items` (`len` bytes) and the `Retry-After` value of `secs`:
+/// a wait below 100 s is static text, and a longer one shares the `RateLimit` value's
+/// allocation when both fit in a small buffer (one allocation for the two instead of
+/// two).
+pub(super) fn items_and_seconds(
+    items: &[Item<'_>],
+    len: usize,
+    secs: u64,
+) -> (HeaderValue, HeaderValue) {
+    let mut number = itoa::Buffer::new();
+    let digits = number.format(secs).as_bytes();
+    if secs < 100 || len + digits.len() > ROOM {
+        return (items_value(items, len), seconds_value(secs));
+    }
+    let mut t = Together {
+        buf: [0; ROOM],
+        len: 0,
+    };
+    for (k, Item(prefix, r, s)) in items.iter().enumerate() {
+        if k > 0 {
+            t.push(b", ");
+        }
+        for part in [*prefix, r.as_bytes(), b";t=", s.as_bytes()] {
+            t.push(part);
+        }
+    }
+    let cut = t.len;
+    t.push(digits);
+    let mut both = Bytes::from_owner(t);
+    let rate_limit = both.split_to(cut);
+    (shared(rate_limit), shared(both))
+}
+
+/// A header value of bytes checked as they are written (digits, and policy names
+/// checked when the layer was built; the empty value is the unreachable fallback).
+fn shared(bytes: Bytes) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// One `RateLimit` item's parts: its prefix (`"name";r=`), then the units left and the

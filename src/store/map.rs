@@ -196,7 +196,8 @@ pub(crate) struct Evictions {
 /// See the [module docs](self).
 pub(crate) struct ShardedMap<A, B = Never> {
     shards: Box<[Shard<A, B>]>,
-    shard_shift: u32,
+    /// The shard count minus one: a shard's index is `(hash >> 32) & shard_mask`.
+    shard_mask: usize,
     shard_budget: usize,
     one: Geometry,
     many: Geometry,
@@ -234,7 +235,7 @@ impl<A: Entry, B: Entry> ShardedMap<A, B> {
                     }),
                 })
                 .collect(),
-            shard_shift: n.trailing_zeros(),
+            shard_mask: n - 1,
             shard_budget,
             one,
             many: Geometry::for_budget::<B>(shard_budget),
@@ -260,12 +261,7 @@ impl<A, B> ShardedMap<A, B> {
     fn shard(&self, hash: u64) -> &Shard<A, B> {
         // Bits 32.. are used neither by hashbrown's bucket index (low bits) nor by its
         // control tag (top 7 bits) at these table sizes.
-        let i = if self.shard_shift == 0 {
-            0
-        } else {
-            ((hash >> 32) as usize) & ((1 << self.shard_shift) - 1)
-        };
-        &self.shards[i]
+        &self.shards[(hash >> 32) as usize & self.shard_mask]
     }
 
     /// The shard of `hash` for lookups. A poisoned lock (a panic while it was held) is used
