@@ -151,19 +151,10 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     })
 }
 
-/// A rate limit's queued request refused for its deadline: counted in
-/// `tollgate.rate_limit.requests` under `tollgate.result = "deadline"`, apart from the
-/// other refusals, and logged at `debug`.
+/// A rate limit's queued request refused for its deadline, logged at `debug` (the layer's
+/// metrics count it under `tollgate.result = "deadline"`).
 #[cold]
 pub(crate) fn refused(limiter: &str, policy: &str, slot: Duration) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        crate::observe::RATE_LIMIT_REQUESTS,
-        "tollgate.limiter" => limiter.to_owned(),
-        "tollgate.policy" => policy.to_owned(),
-        "tollgate.result" => "deadline"
-    )
-    .increment(1);
     tracing::debug!(
         target: "tollgate",
         limiter,

@@ -471,6 +471,7 @@ where
         St: Store<Option<K>>,
     {
         self.store.refund(&key, at.policy, at.cost);
+        at.installed.metrics[at.index].late(|| self.flavour.matched_route(req));
         let name = at.installed.set.entry(at.index).name.as_deref();
         crate::deadline::refused(self.observe.label(), name.unwrap_or("default"), wait);
         let late = late_decision(d, at.policy, wait);

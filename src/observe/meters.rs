@@ -15,7 +15,25 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 
 /// The results a rate-limit decision is counted under, in the order of the counts.
-const RESULTS: [&str; 4] = ["admitted", "delayed", "refused", "shadow_refused"];
+/// `deadline`: a queued request refused because its slot came after its deadline; that
+/// series appears with its first such request (see [`bind`]).
+const RESULTS: [&str; 5] = [
+    "admitted",
+    "delayed",
+    "refused",
+    "shadow_refused",
+    "deadline",
+];
+
+/// When a result's series is registered: at once, but for deadline refusals, which only
+/// layers whose requests carry deadlines see.
+fn bind(result: &str) -> Bind {
+    if result == "deadline" {
+        Bind::FirstUse
+    } else {
+        Bind::Now
+    }
+}
 
 /// The most routes a layer counts apart; the others are counted as `other`.
 const MAX_ROUTES: usize = 256;
@@ -33,7 +51,7 @@ pub(crate) struct PolicyMetrics {
 // The large variant is the common one, read in place on every request.
 #[allow(clippy::large_enum_variant)]
 enum Requests {
-    Plain([Count; 4]),
+    Plain([Count; 5]),
     ByRoute(RouteCounts),
 }
 
@@ -42,11 +60,11 @@ enum Requests {
 struct RouteCounts {
     limiter: Box<str>,
     policy: Box<str>,
-    routes: RwLock<HashMap<Box<str>, [Count; 4]>>,
+    routes: RwLock<HashMap<Box<str>, [Count; 5]>>,
 }
 
 impl RouteCounts {
-    fn counts(&self, route: &str) -> [Count; 4] {
+    fn counts(&self, route: &str) -> [Count; 5] {
         RESULTS.map(|result| {
             Count::new(
                 RATE_LIMIT_REQUESTS,
@@ -56,7 +74,7 @@ impl RouteCounts {
                     ("tollgate.route", route),
                     ("tollgate.result", result),
                 ],
-                Bind::Now,
+                bind(result),
             )
         })
     }
@@ -100,7 +118,7 @@ impl PolicyMetrics {
             Requests::Plain(RESULTS.map(|result| {
                 let mut l = labels.to_vec();
                 l.push(("tollgate.result", result));
-                Count::new(RATE_LIMIT_REQUESTS, &l, Bind::Now)
+                Count::new(RATE_LIMIT_REQUESTS, &l, bind(result))
             }))
         };
         PolicyMetrics {
@@ -124,6 +142,16 @@ impl PolicyMetrics {
             self.in_queue.record(d.wait().as_secs_f64());
             1
         };
+        self.count(result, route);
+    }
+
+    /// Counts a queued request refused because its slot came after its deadline.
+    pub(crate) fn late<'r>(&self, route: impl FnOnce() -> Option<&'r str>) {
+        self.count(4, route);
+    }
+
+    #[inline]
+    fn count<'r>(&self, result: usize, route: impl FnOnce() -> Option<&'r str>) {
         match &self.requests {
             Requests::Plain(counts) => counts[result].add(1),
             Requests::ByRoute(routes) => routes.add(route(), result),
