@@ -84,7 +84,6 @@ impl<X> CommonOptions<X> {
             key: self.key,
             label: label.into(),
             missing: self.missing,
-            on_error: self.on_error,
             warned: KeylessWarning::default(),
             wording,
         })
@@ -96,28 +95,21 @@ impl<X> CommonOptions<X> {
 /// what else it names and forbids), keyless requests and store failures.
 macro_rules! common_setters {
     ($label:literal, $more:literal) => {
-        /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem
-        /// body's `violated-policies`, the logs and the metrics.
-        #[doc = concat!("Default `", $label, "`; printable ASCII", $more, ".")]
-        pub fn label(mut self, label: &str) -> Self {
-            self.common.label = label.into();
-            self
-        }
+        $crate::setters::setters! {
+            /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem
+            /// body's `violated-policies`, the logs and the metrics.
+            #[doc = concat!("Default `", $label, "`; printable ASCII", $more, ".")]
+            label(label: &str) => common.label = label.into();
 
-        /// What to do with a request without a key (default
-        /// [`MissingKey::Shared`](crate::key::MissingKey::Shared): keyless requests share
-        /// one key's state).
-        pub fn on_missing_key(mut self, missing: crate::options::MissingKey) -> Self {
-            self.common.missing = missing;
-            self
-        }
+            /// What to do with a request without a key (default
+            /// [`MissingKey::Shared`](crate::key::MissingKey::Shared): keyless requests
+            /// share one key's state).
+            on_missing_key(missing: crate::options::MissingKey) => common.missing;
 
-        /// What to do when a shared store fails (default
-        /// [`OnStoreError::FailOpen`](crate::store::OnStoreError::FailOpen): the request
-        /// goes through unlimited). The memory stores never fail.
-        pub fn on_store_error(mut self, on_error: crate::options::OnStoreError) -> Self {
-            self.common.on_error = on_error;
-            self
+            /// What to do when a shared store fails (default
+            /// [`OnStoreError::FailOpen`](crate::store::OnStoreError::FailOpen): the
+            /// request goes through unlimited). The memory stores never fail.
+            on_store_error(on_error: crate::options::OnStoreError) => common.on_error;
         }
     };
 }
@@ -130,7 +122,6 @@ pub(crate) struct Common<X> {
     /// The limit's name (checked).
     pub(crate) label: Arc<str>,
     missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
     /// Whether the extractor's misconfiguration was logged already (once per layer).
     warned: KeylessWarning,
     wording: &'static Wording,
@@ -236,13 +227,8 @@ pub trait Part<K> {
     type Later;
 
     /// Asks the store for `key` (`None`: the state keyless requests share); a failed
-    /// store is answered under `on_error`.
-    fn decide<B>(
-        &self,
-        key: Option<K>,
-        req: &Request<B>,
-        on_error: OnStoreError,
-    ) -> Decided<Self::Extra, Self::Later>;
+    /// store is answered under the layer's `OnStoreError`.
+    fn decide<B>(&self, key: Option<K>, req: &Request<B>) -> Decided<Self::Extra, Self::Later>;
 }
 
 impl<S, X, P, B, ResBody> Service<Request<B>> for Limited<S, Gated<X, P>>
@@ -264,9 +250,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let Gated { common, part } = &*self.shared;
-        let machine = common.call(&mut self.inner, req, |key, req| {
-            part.decide(key, req, common.on_error)
-        });
+        let machine = common.call(&mut self.inner, req, |key, req| part.decide(key, req));
         ResponseFuture { machine }
     }
 }

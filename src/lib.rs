@@ -17,6 +17,7 @@ mod limiter;
 mod observe;
 mod options;
 mod service;
+mod setters;
 
 pub mod algorithm;
 pub mod clock;

@@ -21,6 +21,30 @@ impl<S, L> Limited<S, L> {
     }
 }
 
+/// Writes what makes a layer of a struct holding its shared state in an `Arc`: `Clone`
+/// (the `Arc` cloned, whatever the parameters) and `Layer` (a [`Limited`] around the
+/// inner service, sharing that state).
+macro_rules! layer_of {
+    ($layer:ident<$($p:ident),+> { $field:ident: $state:ty }) => {
+        impl<$($p),+> Clone for $layer<$($p),+> {
+            fn clone(&self) -> Self {
+                $layer {
+                    $field: std::sync::Arc::clone(&self.$field),
+                }
+            }
+        }
+
+        impl<S, $($p),+> tower_layer::Layer<S> for $layer<$($p),+> {
+            type Service = $crate::service::Limited<S, $state>;
+
+            fn layer(&self, inner: S) -> Self::Service {
+                $crate::service::Limited::new(inner, &self.$field)
+            }
+        }
+    };
+}
+pub(crate) use layer_of;
+
 impl<S: Clone, L> Clone for Limited<S, L> {
     fn clone(&self) -> Self {
         Limited::new(self.inner.clone(), &self.shared)

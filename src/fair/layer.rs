@@ -4,7 +4,6 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use http::Request;
-use tower_layer::Layer;
 
 use super::answer::{FairReplies, WORDING};
 use super::memory::MemoryFair;
@@ -15,7 +14,7 @@ use crate::gate::CommonOptions;
 use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::quota::Quota;
-use crate::service::Limited;
+use crate::service::layer_of;
 
 /// Shares a pool among the keys of `key` (HTB-style fair sharing with borrowing):
 /// `.layer(FairLimitLayer::builder(..).share(..).build()?)` on an axum `Router`, a route,
@@ -26,13 +25,7 @@ pub struct FairLimitLayer<X = Global, St = MemoryFair<()>> {
     shared: Arc<Gated<X, Sharing<St>>>,
 }
 
-impl<X, St> Clone for FairLimitLayer<X, St> {
-    fn clone(&self) -> Self {
-        FairLimitLayer {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
+layer_of!(FairLimitLayer<X, St> { shared: Gated<X, Sharing<St>> });
 
 impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for FairLimitLayer<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -57,14 +50,6 @@ impl FairLimitLayer {
             shares: None,
             period: Duration::from_secs(1),
         }
-    }
-}
-
-impl<S, X, St> Layer<S> for FairLimitLayer<X, St> {
-    type Service = Limited<S, Gated<X, Sharing<St>>>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Limited::new(inner, &self.shared)
     }
 }
 
@@ -144,6 +129,7 @@ impl<X> FairLimitBuilder<X> {
     /// or `RedisFair` to share the pool across instances).
     pub fn build_with<St>(self, store: St) -> Result<FairLimitLayer<X, St>, ConfigError> {
         // Without braces: the label is the pool's Redis hash tag.
+        let on_error = self.common.on_error;
         let common = self.common.build(b"{}", &WORDING)?;
         let shares = self.shares.ok_or_else(|| {
             ConfigError::Fair("no share: call FairLimitBuilder::share or share_by".into())
@@ -163,6 +149,7 @@ impl<X> FairLimitBuilder<X> {
                     pool_quota: self.pool,
                     shares,
                     replies,
+                    on_error,
                 },
             }),
         })

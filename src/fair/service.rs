@@ -24,6 +24,8 @@ pub(crate) enum Shares {
 // Public only as a parameter of the unnameable service type; never seen by users.
 #[allow(missing_debug_implementations)]
 pub struct Sharing<St> {
+    /// What a failed store's request gets.
+    pub(crate) on_error: OnStoreError,
     pub(crate) store: St,
     pub(crate) pool: Pool,
     pub(crate) pool_quota: Quota,
@@ -36,24 +38,19 @@ impl<K, St: FairStore<K>> Part<K> for Sharing<St> {
     type Later = Deciding;
 
     #[inline]
-    fn decide<B>(
-        &self,
-        key: Option<K>,
-        req: &Request<B>,
-        on_error: OnStoreError,
-    ) -> Decided<Reported, Deciding> {
+    fn decide<B>(&self, key: Option<K>, req: &Request<B>) -> Decided<Reported, Deciding> {
         let share = match &self.shares {
             Shares::One(s) => *s,
             Shares::By(f) => f(&RequestHead::of(req)),
         };
         let mut deciding = self.store.decide(key.as_ref(), &self.pool, &share);
         match deciding.take_ready() {
-            Some(result) => Decided::Now(settle(result, &self.replies, share, on_error, req)),
+            Some(result) => Decided::Now(settle(result, &self.replies, share, self.on_error, req)),
             None => Decided::Later(Deciding {
                 deciding,
                 replies: Arc::clone(&self.replies),
                 share,
-                on_error,
+                on_error: self.on_error,
             }),
         }
     }

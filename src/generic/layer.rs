@@ -1,9 +1,7 @@
 //! The generic [`RateLimitLayer`], and the setters of [`Builder`] that are its own: `select`
 //! over the request, key lists of the key's type, and `build` for a request type.
 
-use std::{fmt, sync::Arc};
-
-use tower_layer::Layer;
+use std::sync::Arc;
 
 use super::answer::{Generic, RequestDeadline, RequestSelect};
 use crate::cost::UnitCost;
@@ -13,9 +11,9 @@ use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::options::KeyList;
-use crate::policy::{choose::Chooser, PolicyHandle, PolicyName, PolicySet};
-use crate::ratelimit::Builder;
-use crate::service::Limited;
+use crate::policy::{choose::Chooser, PolicyName};
+use crate::ratelimit::{rate_limit_layer, Builder};
+use crate::setters::setters;
 use crate::store::{MemoryStore, Store, StoreFuture};
 
 /// The layer for any `tower::Service`. See the [module docs](super).
@@ -23,29 +21,7 @@ pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost
     pub(crate) limiter: Arc<Limiter<X, St, C, Generic>>,
 }
 
-impl<X, St, C> Clone for RateLimitLayer<X, St, C> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("generic::RateLimitLayer")
-            .field(&self.limiter)
-            .finish()
-    }
-}
-
-impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
-    type Service = Limited<S, Limiter<X, St, C, Generic>>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Limited::new(inner, &self.limiter)
-    }
-}
+rate_limit_layer!(RateLimitLayer, Generic, "generic::RateLimitLayer");
 
 impl RateLimitLayer {
     /// Starts a builder: one global limit, unit cost; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and
@@ -56,16 +32,6 @@ impl RateLimitLayer {
 }
 
 impl<X, St, C> RateLimitLayer<X, St, C> {
-    /// The store, for inspection.
-    pub fn store(&self) -> &St {
-        &self.limiter.store
-    }
-
-    /// The policies in force.
-    pub fn policies(&self) -> PolicySet {
-        self.limiter.policies()
-    }
-
     /// Forgets `key`'s state in the layer's store, under every policy: its next request
     /// finds it fresh.
     pub fn reset<K>(&self, key: K) -> StoreFuture<()>
@@ -84,17 +50,6 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
     {
         let set = self.limiter.policies();
         self.limiter.store.preview(&Some(key), set.fallback(), 0)
-    }
-
-    /// A handle that swaps this layer's policies while requests flow. See
-    /// [`PolicyHandle`].
-    pub fn policy_handle(&self) -> PolicyHandle
-    where
-        X: Send + Sync + 'static,
-        St: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-    {
-        PolicyHandle::new(self.limiter.clone())
     }
 }
 
@@ -131,27 +86,16 @@ impl<X, C> Builder<X, C, Generic> {
         self
     }
 
-    /// Never limits these keys (an internal caller's): the keys are of the type the
-    /// extractor returns; another type is reported by `build`.
-    pub fn allow_keys<K, I>(mut self, keys: I) -> Self
-    where
-        K: std::hash::Hash + Eq + Send + Sync + 'static,
-        I: IntoIterator<Item = K>,
-    {
-        self.settings.allow_keys = Some(KeyList::new(keys));
-        self
-    }
+    setters! {
+        /// Never limits these keys (an internal caller's): the keys are of the type the
+        /// extractor returns; another type is reported by `build`.
+        allow_keys(keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>) =>
+            settings.allow_keys = Some(KeyList::new(keys));
 
-    /// Refuses these keys with a [`RateLimited`](crate::generic::RateLimited) error whose
-    /// `is_denied()` is true. See
-    /// [`allow_keys`](Builder::allow_keys).
-    pub fn deny_keys<K, I>(mut self, keys: I) -> Self
-    where
-        K: std::hash::Hash + Eq + Send + Sync + 'static,
-        I: IntoIterator<Item = K>,
-    {
-        self.settings.deny_keys = Some(KeyList::new(keys));
-        self
+        /// Refuses these keys with a [`RateLimited`](crate::generic::RateLimited) error whose
+        /// `is_denied()` is true. See [`allow_keys`](Builder::allow_keys).
+        deny_keys(keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>) =>
+            settings.deny_keys = Some(KeyList::new(keys));
     }
 
     /// Builds the layer for requests of type `Req`, with the in-memory store (following

@@ -4,7 +4,6 @@
 use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 
 use http::{HeaderName, Request};
-use tower_layer::Layer;
 
 use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
@@ -15,7 +14,8 @@ use crate::error::ConfigError;
 use crate::gate::CommonOptions;
 use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor};
-use crate::service::Limited;
+use crate::service::layer_of;
+use crate::setters::setters;
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
 /// says otherwise.
@@ -32,13 +32,7 @@ pub struct InFlightLimitLayer<X = Global, St = MemoryInFlight<()>> {
     pub(crate) shared: Arc<Gated<X, Slots<St>>>,
 }
 
-impl<X, St> Clone for InFlightLimitLayer<X, St> {
-    fn clone(&self) -> Self {
-        InFlightLimitLayer {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
+layer_of!(InFlightLimitLayer<X, St> { shared: Gated<X, Slots<St>> });
 
 impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for InFlightLimitLayer<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,14 +86,6 @@ impl<X, St> InFlightLimitLayer<X, St> {
     }
 }
 
-impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
-    type Service = Limited<S, Gated<X, Slots<St>>>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Limited::new(inner, &self.shared)
-    }
-}
-
 /// Configures an [`InFlightLimitLayer`]; made by [`InFlightLimitLayer::builder`]. Setters
 /// take and return the builder; `build` checks the result.
 ///
@@ -125,29 +111,22 @@ impl<X> InFlightLimitBuilder<X> {
         }
     }
 
-    /// Lets up to `len` requests of a key over its limit wait for a slot, first come
-    /// first served (default 0: refused at once). A waiting request whose future is
-    /// dropped (the client left, a timeout) leaves the queue.
-    pub fn queue(mut self, len: u32) -> Self {
-        self.limits.queue = len;
-        self
-    }
+    setters! {
+        /// Lets up to `len` requests of a key over its limit wait for a slot, first come
+        /// first served (default 0: refused at once). A waiting request whose future is
+        /// dropped (the client left, a timeout) leaves the queue.
+        queue(len: u32) => limits.queue;
 
-    /// The longest a queued request waits for a slot before it is refused (default
-    /// 10 s).
-    pub fn max_wait(mut self, wait: Duration) -> Self {
-        self.limits.max_wait = wait;
-        self
-    }
+        /// The longest a queued request waits for a slot before it is refused (default
+        /// 10 s).
+        max_wait(wait: Duration) => limits.max_wait;
 
-    /// Also reads a request's deadline from `name`, the time its caller has left in
-    /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
-    /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
-    /// leaves the queue at its deadline, refused. A name that is not a header name is
-    /// reported by `build`.
-    pub fn deadline_header(mut self, name: &str) -> Self {
-        self.deadline_header = Some(name.to_owned());
-        self
+        /// Also reads a request's deadline from `name`, the time its caller has left in
+        /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
+        /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
+        /// leaves the queue at its deadline, refused. A name that is not a header name is
+        /// reported by `build`.
+        deadline_header(name: &str) => deadline_header = Some(name.to_owned());
     }
 
     crate::gate::common_setters!("inflight", "");
@@ -173,6 +152,7 @@ impl<X> InFlightLimitBuilder<X> {
                     .map_err(|_| ConfigError::InvalidHeaderName(name))?,
             ),
         };
+        let on_error = self.common.on_error;
         let common = self.common.build(b"", &WORDING)?;
         let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
         Ok(InFlightLimitLayer {
@@ -183,6 +163,7 @@ impl<X> InFlightLimitBuilder<X> {
                     limits: self.limits,
                     replies,
                     deadlines,
+                    on_error,
                 },
             }),
         })

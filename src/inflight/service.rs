@@ -16,6 +16,8 @@ use crate::options::OnStoreError;
 // Public only as a parameter of the unnameable service type; never seen by users.
 #[allow(missing_debug_implementations)]
 pub struct Slots<St> {
+    /// What a failed store's request gets.
+    pub(crate) on_error: OnStoreError,
     pub(crate) store: St,
     pub(crate) limits: Limits,
     pub(crate) replies: Arc<InFlightReplies>,
@@ -28,12 +30,7 @@ impl<K, St: InFlightStore<K>> Part<K> for Slots<St> {
     type Later = Waiting;
 
     #[inline]
-    fn decide<B>(
-        &self,
-        key: Option<K>,
-        req: &Request<B>,
-        on_error: OnStoreError,
-    ) -> Decided<Slot, Waiting> {
+    fn decide<B>(&self, key: Option<K>, req: &Request<B>) -> Decided<Slot, Waiting> {
         // A request never waits past its deadline: the wait ends there, refused.
         let mut limits = self.limits;
         let deadline = match self.deadlines.left(req) {
@@ -44,11 +41,13 @@ impl<K, St: InFlightStore<K>> Part<K> for Slots<St> {
             _ => None,
         };
         match self.store.acquire(key, &limits) {
-            Attempt::Now(acquired) => Decided::Now(settle(acquired, &self.replies, on_error, req)),
+            Attempt::Now(acquired) => {
+                Decided::Now(settle(acquired, &self.replies, self.on_error, req))
+            }
             Attempt::Later(acquiring) => Decided::Later(Waiting {
                 acquiring,
                 replies: Arc::clone(&self.replies),
-                on_error,
+                on_error: self.on_error,
                 deadline,
             }),
         }

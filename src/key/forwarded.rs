@@ -202,58 +202,53 @@ mod tests {
         assert_eq!(parts[0], b" for=5.6.7.8");
     }
 
+    /// Checks `parse` on entries naming an address, a blank one and malformed ones.
+    fn parses(parse: fn(&[u8]) -> Hop, good: &[(&[u8], &str)], blank: &[u8], bad: &[&[u8]]) {
+        for &(entry, want) in good {
+            assert_eq!(parse(entry), addr(want), "{entry:?}");
+        }
+        assert_eq!(parse(blank), Hop::Empty);
+        for &entry in bad {
+            assert_eq!(parse(entry), Hop::Opaque, "{entry:?}");
+        }
+    }
+
     #[test]
     fn xff_entries() {
-        assert_eq!(xff_hop(b" 192.0.2.1 "), addr("192.0.2.1"));
-        assert_eq!(xff_hop(b"192.0.2.1:8080"), addr("192.0.2.1"));
-        assert_eq!(xff_hop(b"2001:db8::1"), addr("2001:db8::1"));
-        assert_eq!(xff_hop(b"[2001:db8::1]"), addr("2001:db8::1"));
-        assert_eq!(xff_hop(b"[2001:db8::1]:443"), addr("2001:db8::1"));
-        assert_eq!(xff_hop(b"  "), Hop::Empty);
-        for bad in [
-            &b"unknown"[..],
+        let good: [(&[u8], _); 5] = [
+            (b" 192.0.2.1 ", "192.0.2.1"),
+            (b"192.0.2.1:8080", "192.0.2.1"),
+            (b"2001:db8::1", "2001:db8::1"),
+            (b"[2001:db8::1]", "2001:db8::1"),
+            (b"[2001:db8::1]:443", "2001:db8::1"),
+        ];
+        let long = [b'1'; 200];
+        let bad: [&[u8]; 8] = [
+            b"unknown",
             b"999.1.1.1",
             b"garbage",
             b"1.2.3",
             b"\xff\xfe",
             b"[2001:db8::1",
             b"1.2.3.4:99999",
-        ] {
-            assert_eq!(xff_hop(bad), Hop::Opaque, "{bad:?}");
-        }
-        assert_eq!(xff_hop(&[b'1'; 200]), Hop::Opaque);
+            &long,
+        ];
+        parses(xff_hop, &good, b"  ", &bad);
     }
 
     #[test]
     fn forwarded_elements() {
-        assert_eq!(forwarded_hop(b"for=192.0.2.60"), addr("192.0.2.60"));
-        assert_eq!(
-            forwarded_hop(b"for=192.0.2.60;proto=http;by=203.0.113.43"),
-            addr("192.0.2.60")
-        );
-        assert_eq!(
-            forwarded_hop(b"proto=https; For=\"192.0.2.60:80\""),
-            addr("192.0.2.60")
-        );
-        assert_eq!(
-            forwarded_hop(br#"FOR="[2001:db8:cafe::17]:4711""#),
-            addr("2001:db8:cafe::17")
-        );
-        assert_eq!(
-            forwarded_hop(br#"for="[2001:db8::1]""#),
-            addr("2001:db8::1")
-        );
-        assert_eq!(
-            forwarded_hop(br#"for="[2001:db8::1]:_p0rt""#),
-            addr("2001:db8::1")
-        );
-        assert_eq!(
-            forwarded_hop(br#"for=192.0.2.1;ext="a;b""#),
-            addr("192.0.2.1")
-        );
-        assert_eq!(forwarded_hop(b" "), Hop::Empty);
-        for bad in [
-            &b"for=unknown"[..],
+        let good: [(&[u8], _); 7] = [
+            (b"for=192.0.2.60", "192.0.2.60"),
+            (b"for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
+            (b"proto=https; For=\"192.0.2.60:80\"", "192.0.2.60"),
+            (br#"FOR="[2001:db8:cafe::17]:4711""#, "2001:db8:cafe::17"),
+            (br#"for="[2001:db8::1]""#, "2001:db8::1"),
+            (br#"for="[2001:db8::1]:_p0rt""#, "2001:db8::1"),
+            (br#"for=192.0.2.1;ext="a;b""#, "192.0.2.1"),
+        ];
+        let bad: [&[u8]; 12] = [
+            b"for=unknown",
             b"for=_hidden",
             b"for=\"_SEVKISEK\"",
             b"proto=http",
@@ -265,8 +260,7 @@ mod tests {
             b"for=\"192.0.2.1\\\"\"",
             b"garbage",
             b"for=\xff",
-        ] {
-            assert_eq!(forwarded_hop(bad), Hop::Opaque, "{bad:?}");
-        }
+        ];
+        parses(forwarded_hop, &good, b" ", &bad);
     }
 }

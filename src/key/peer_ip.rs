@@ -186,46 +186,36 @@ mod tests {
         assert_eq!(prefix_mask(127, 128), u128::MAX - 1);
     }
 
+    /// The key `p` gives a request from `addr`.
+    fn key(p: &PeerIp, addr: &str) -> IpAddr {
+        p.extract(&req_from(addr)).unwrap()
+    }
+
     #[test]
-    fn ipv4_is_per_address() {
+    fn ipv4_is_per_address_mapped_or_not() {
         let p = PeerIp::new();
-        assert_eq!(
-            p.extract(&req_from("192.0.2.7:1234")),
-            Some(ip("192.0.2.7"))
-        );
+        assert_eq!(key(&p, "192.0.2.7:1234"), ip("192.0.2.7"));
+        assert_eq!(key(&p, "[::ffff:192.0.2.9]:80"), ip("192.0.2.9"));
     }
 
     #[test]
     fn ipv6_grouped_by_56_by_default() {
         let p = PeerIp::default();
-        let a = p.extract(&req_from("[2001:db8:1:2ff::7]:80")).unwrap();
-        let b = p.extract(&req_from("[2001:db8:1:200:aaaa::1]:80")).unwrap();
-        let c = p.extract(&req_from("[2001:db8:1:300::1]:80")).unwrap();
+        let a = key(&p, "[2001:db8:1:2ff::7]:80");
         assert_eq!(a, ip("2001:db8:1:200::"));
-        assert_eq!(a, b);
-        assert_ne!(a, c);
+        assert_eq!(a, key(&p, "[2001:db8:1:200:aaaa::1]:80"));
+        assert_ne!(a, key(&p, "[2001:db8:1:300::1]:80"));
     }
 
     #[test]
     fn prefix_edges() {
         let addr = "[2001:db8::1]:80";
         let all = PeerIp::new().ipv6_prefix(128).unwrap();
-        assert_eq!(all.extract(&req_from(addr)), Some(ip("2001:db8::1")));
+        assert_eq!(key(&all, addr), ip("2001:db8::1"));
         let none = PeerIp::new().ipv6_prefix(0).unwrap();
-        assert_eq!(none.extract(&req_from(addr)), Some(ip("::")));
-        assert_eq!(
-            PeerIp::new().ipv6_prefix(129),
-            Err(ConfigError::InvalidPrefix(129))
-        );
-    }
-
-    #[test]
-    fn ipv4_mapped_is_ipv4() {
-        let p = PeerIp::new();
-        assert_eq!(
-            p.extract(&req_from("[::ffff:192.0.2.9]:80")),
-            Some(ip("192.0.2.9"))
-        );
+        assert_eq!(key(&none, addr), ip("::"));
+        let too_long = PeerIp::new().ipv6_prefix(129);
+        assert_eq!(too_long, Err(ConfigError::InvalidPrefix(129)));
     }
 
     #[test]

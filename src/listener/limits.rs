@@ -13,6 +13,7 @@ use crate::algorithm::Limit;
 use crate::error::ConfigError;
 use crate::key::{cidr::Cidr, PeerIp};
 use crate::policy::Policy;
+use crate::setters::setters;
 use crate::store::MemoryStore;
 
 /// The limits of a [`LimitedListener`]: a rate of new connections per address group,
@@ -63,31 +64,21 @@ impl ConnectionLimits {
         self
     }
 
-    /// At most `max` connections open at once per address group.
-    pub fn max_per_address(mut self, max: u32) -> Self {
-        self.max_per_address = Some(max);
-        self
-    }
+    setters! {
+        /// At most `max` connections open at once per address group.
+        max_per_address(max: u32) => max_per_address = Some(max);
 
-    /// At most `max` connections open at once in total (keep it below the process's
-    /// descriptor limit, with room for everything else the process opens).
-    pub fn max_total(mut self, max: u32) -> Self {
-        self.max_total = Some(max);
-        self
-    }
+        /// At most `max` connections open at once in total (keep it below the process's
+        /// descriptor limit, with room for everything else the process opens).
+        max_total(max: u32) => max_total = Some(max);
 
-    /// Closes a new connection whose first request head (its bytes up to the blank line)
-    /// has not arrived `timeout` after it was accepted. Only the first request's head is
-    /// timed; a TLS connection's head cannot be read here (see the module docs).
-    pub fn head_timeout(mut self, timeout: Duration) -> Self {
-        self.head_timeout = Some(timeout);
-        self
-    }
+        /// Closes a new connection whose first request head (its bytes up to the blank line)
+        /// has not arrived `timeout` after it was accepted. Only the first request's head is
+        /// timed; a TLS connection's head cannot be read here (see the module docs).
+        head_timeout(timeout: Duration) => head_timeout = Some(timeout);
 
-    /// How addresses are grouped: as `peer` groups them (its IPv6 prefix).
-    pub fn key(mut self, peer: PeerIp) -> Self {
-        self.group = peer;
-        self
+        /// How addresses are grouped: as `peer` groups them (its IPv6 prefix).
+        key(peer: PeerIp) => group;
     }
 
     /// Exempts these addresses or blocks (`"10.0.0.0/8"`, your proxies') from the rate and
@@ -103,17 +94,13 @@ impl ConnectionLimits {
         self
     }
 
-    /// The listener's name in metrics and logs (default `listener`).
-    pub fn label(mut self, label: &str) -> Self {
-        self.label = label.into();
-        self
-    }
+    setters! {
+        /// The listener's name in metrics and logs (default `listener`).
+        label(label: &str) => label = label.into();
 
-    /// The memory budget of the rate's state, in bytes (default 32 MiB), bounded as a
-    /// [`MemoryStore`]'s.
-    pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.max_bytes = Some(bytes);
-        self
+        /// The memory budget of the rate's state, in bytes (default 32 MiB), bounded as a
+        /// [`MemoryStore`]'s.
+        max_bytes(bytes: usize) => max_bytes = Some(bytes);
     }
 
     /// Wraps `listener`.

@@ -123,7 +123,7 @@ static META: metrics::Metadata<'static> =
 
 /// A kind of handle, as a recorder registers it.
 #[cfg(feature = "metrics")]
-trait Handle: Sized {
+pub(crate) trait Handle: Sized {
     fn register(r: &dyn metrics::Recorder, key: &metrics::Key) -> Self;
 }
 
@@ -234,23 +234,65 @@ thread_local! {
 #[cfg(feature = "metrics")]
 const RECHECK: u8 = 63;
 
-/// A counter.
-#[derive(Debug)]
-pub(crate) struct Count {
+/// What a metric records; each kind has its own handle in the `metrics` crate.
+pub(crate) trait Kind {
     #[cfg(feature = "metrics")]
-    lazy: Lazy<metrics::Counter>,
+    type Handle: Handle + std::fmt::Debug;
 }
 
-impl Count {
+/// A counter's kind.
+#[derive(Debug)]
+pub(crate) struct Counter;
+/// A gauge's kind.
+#[derive(Debug)]
+pub(crate) struct Gauge;
+/// A histogram's kind.
+#[derive(Debug)]
+pub(crate) struct Histogram;
+
+impl Kind for Counter {
+    #[cfg(feature = "metrics")]
+    type Handle = metrics::Counter;
+}
+impl Kind for Gauge {
+    #[cfg(feature = "metrics")]
+    type Handle = metrics::Gauge;
+}
+impl Kind for Histogram {
+    #[cfg(feature = "metrics")]
+    type Handle = metrics::Histogram;
+}
+
+/// One metric of one label set; without the `metrics` feature it records nothing.
+#[derive(Debug)]
+pub(crate) struct Metric<M: Kind> {
+    #[cfg(feature = "metrics")]
+    lazy: Lazy<M::Handle>,
+    #[cfg(not(feature = "metrics"))]
+    kind: std::marker::PhantomData<M>,
+}
+
+/// A counter.
+pub(crate) type Count = Metric<Counter>;
+/// A gauge.
+pub(crate) type Level = Metric<Gauge>;
+/// A histogram.
+pub(crate) type Timing = Metric<Histogram>;
+
+impl<M: Kind> Metric<M> {
     pub(crate) fn new(name: &'static str, labels: &[(&'static str, &str)], bind: Bind) -> Self {
         #[cfg(not(feature = "metrics"))]
         let _ = (name, labels, bind);
-        Count {
+        Metric {
             #[cfg(feature = "metrics")]
             lazy: Lazy::new(name, labels, bind),
+            #[cfg(not(feature = "metrics"))]
+            kind: std::marker::PhantomData,
         }
     }
+}
 
+impl Count {
     #[inline]
     pub(crate) fn add(&self, n: u64) {
         #[cfg(feature = "metrics")]
@@ -260,23 +302,7 @@ impl Count {
     }
 }
 
-/// A gauge.
-#[derive(Debug)]
-pub(crate) struct Level {
-    #[cfg(feature = "metrics")]
-    lazy: Lazy<metrics::Gauge>,
-}
-
 impl Level {
-    pub(crate) fn new(name: &'static str, labels: &[(&'static str, &str)], bind: Bind) -> Self {
-        #[cfg(not(feature = "metrics"))]
-        let _ = (name, labels, bind);
-        Level {
-            #[cfg(feature = "metrics")]
-            lazy: Lazy::new(name, labels, bind),
-        }
-    }
-
     pub(crate) fn set(&self, value: f64) {
         #[cfg(feature = "metrics")]
         self.lazy.with(|g, _| g.set(value));
@@ -328,23 +354,7 @@ impl Drop for Held {
     }
 }
 
-/// A histogram.
-#[derive(Debug)]
-pub(crate) struct Timing {
-    #[cfg(feature = "metrics")]
-    lazy: Lazy<metrics::Histogram>,
-}
-
 impl Timing {
-    pub(crate) fn new(name: &'static str, labels: &[(&'static str, &str)], bind: Bind) -> Self {
-        #[cfg(not(feature = "metrics"))]
-        let _ = (name, labels, bind);
-        Timing {
-            #[cfg(feature = "metrics")]
-            lazy: Lazy::new(name, labels, bind),
-        }
-    }
-
     pub(crate) fn record(&self, value: f64) {
         #[cfg(feature = "metrics")]
         self.lazy.with(|h, _| h.record(value));

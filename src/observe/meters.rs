@@ -270,15 +270,16 @@ impl StoreMetrics {
     }
 }
 
-/// What became of a request at an in-flight limit, for the metrics.
+/// What became of a request at an in-flight limit, for the metrics: in the order of
+/// [`InFlightMetrics`]'s results, so each is its counter's index.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Counted {
-    Admitted = 0,
-    Refused = 1,
-    FailOpen = 2,
-    FailClosed = 3,
+    Admitted,
+    Refused,
+    FailOpen,
+    FailClosed,
     /// Refused at its deadline, still waiting for a slot.
-    Deadline = 4,
+    Deadline,
 }
 
 /// An in-flight limit's metrics: its decisions, and the slots held now.

@@ -52,6 +52,21 @@ macro_rules! outage {
 }
 pub(crate) use outage;
 
+/// An [`outage!`] event of a layer's [`Observe`]: its label, the policy and the route,
+/// then the event's own fields and message.
+macro_rules! layer_outage {
+    ($observe:expr, $policy:expr, $route:expr, $($event:tt)+) => {
+        outage!(
+            $observe.warned,
+            "tollgate",
+            limiter = %$observe.label,
+            policy = policy_label($policy),
+            route = $route,
+            $($event)+
+        )
+    };
+}
+
 pub(crate) fn unix_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -160,16 +175,7 @@ impl Observe {
         then: OnStoreError,
     ) {
         self.degraded[if then == OnStoreError::FailOpen { 2 } else { 3 }].add(1);
-        outage!(
-            self.warned,
-            "tollgate",
-            limiter = %self.label,
-            policy = policy_label(policy),
-            route,
-            %error,
-            then = ?then,
-            "rate-limit store failed"
-        );
+        layer_outage!(self, policy, route, %error, then = ?then, "rate-limit store failed");
     }
 
     /// A decision a store made without its backend.
@@ -181,11 +187,9 @@ impl Observe {
             _ => 3,
         }]
         .add(1);
-        outage!(
-            self.warned,
-            "tollgate",
-            limiter = %self.label,
-            policy = policy_label(policy),
+        layer_outage!(
+            self,
+            policy,
             route,
             ?source,
             admitted = d.is_allowed(),

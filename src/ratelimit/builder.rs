@@ -11,6 +11,7 @@ use crate::limiter::{Limiter, Prepare, Settings};
 use crate::options::{MissingKey, OnStoreError};
 use crate::policy::{IntoPolicy, PolicySet};
 use crate::quota::Quota;
+use crate::setters::setters;
 use crate::store::Store;
 
 /// Configures a rate-limit layer: who is limited, how, what a request costs. Setters take
@@ -116,30 +117,20 @@ impl<X, C, F> Builder<X, C, F> {
         self
     }
 
-    /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
-    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
-        self.settings.missing = missing;
-        self
-    }
+    setters! {
+        /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
+        on_missing_key(missing: MissingKey) => settings.missing;
 
-    /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.settings.on_error = on_error;
-        self
-    }
+        /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
+        on_store_error(on_error: OnStoreError) => settings.on_error;
 
-    /// The layer's name in metrics and events (default `tollgate`).
-    pub fn label(mut self, label: &str) -> Self {
-        self.settings.label = label.into();
-        self
-    }
+        /// The layer's name in metrics and events (default `tollgate`).
+        label(label: &str) => settings.label = label.into();
 
-    /// Bounds the memory of the built-in store, in bytes (default 32 MiB). A flood of keys
-    /// never grows it past this: keys back to fresh go first, then those closest to it.
-    /// With `build_with`, size your own store instead.
-    pub fn max_bytes(mut self, bytes: usize) -> Self {
-        self.settings.max_bytes = Some(bytes);
-        self
+        /// Bounds the memory of the built-in store, in bytes (default 32 MiB). A flood of keys
+        /// never grows it past this: keys back to fresh go first, then those closest to it.
+        /// With `build_with`, size your own store instead.
+        max_bytes(bytes: usize) => settings.max_bytes = Some(bytes);
     }
 
     /// The limiter for the built-in store, keyed by `K`.

@@ -1,19 +1,58 @@
 //! [`RateLimitLayer`]: the HTTP layer. One layer value is one limit, shared by every clone
 //! and every route it is applied to.
 
-use std::{fmt, sync::Arc};
+use std::sync::Arc;
 
 use http::Request;
-use tower_layer::Layer;
 
 use super::{answer::Http, builder::Builder};
 use crate::cost::UnitCost;
 use crate::decision::Decision;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::Limiter;
-use crate::policy::{PolicyHandle, PolicySet};
-use crate::service::Limited;
+use crate::policy::PolicySet;
 use crate::store::{MemoryStore, Store, StoreFuture};
+
+/// Writes what the HTTP and the generic rate-limit layers share: `Clone` and `Layer`
+/// (see [`layer_of`]), `Debug`, and the accessors to the store and the policies.
+macro_rules! rate_limit_layer {
+    ($layer:ident, $flavour:ty, $name:literal) => {
+        $crate::service::layer_of!($layer<X, St, C> {
+            limiter: $crate::limiter::Limiter<X, St, C, $flavour>
+        });
+
+        impl<X: std::fmt::Debug, St, C> std::fmt::Debug for $layer<X, St, C> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple($name).field(&self.limiter).finish()
+            }
+        }
+
+        impl<X, St, C> $layer<X, St, C> {
+            /// The store, for inspection (e.g.
+            /// [`MemoryStore::stats`](crate::store::MemoryStore::stats)).
+            pub fn store(&self) -> &St {
+                &self.limiter.store
+            }
+
+            /// The policies in force.
+            pub fn policies(&self) -> $crate::policy::PolicySet {
+                self.limiter.policies()
+            }
+
+            /// A handle that swaps this layer's policies while requests flow. See
+            /// [`PolicyHandle`](crate::policy::PolicyHandle).
+            pub fn policy_handle(&self) -> $crate::policy::PolicyHandle
+            where
+                X: Send + Sync + 'static,
+                St: Send + Sync + 'static,
+                C: Send + Sync + 'static,
+            {
+                $crate::policy::PolicyHandle::new(self.limiter.clone())
+            }
+        }
+    };
+}
+pub(crate) use rate_limit_layer;
 
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
 /// tower HTTP service. See the [crate docs](crate) for the guide.
@@ -28,33 +67,9 @@ pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost
     pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
 }
 
-impl<X, St, C> Clone for RateLimitLayer<X, St, C> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            limiter: Arc::clone(&self.limiter),
-        }
-    }
-}
-
-impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("RateLimitLayer")
-            .field(&self.limiter)
-            .finish()
-    }
-}
+rate_limit_layer!(RateLimitLayer, Http, "RateLimitLayer");
 
 impl<X, St, C> RateLimitLayer<X, St, C> {
-    /// The store, for inspection (e.g. [`MemoryStore::stats`](crate::store::MemoryStore::stats)).
-    pub fn store(&self) -> &St {
-        &self.limiter.store
-    }
-
-    /// The policies in force.
-    pub fn policies(&self) -> PolicySet {
-        self.limiter.policies()
-    }
-
     /// Forgets `key`'s state in the layer's store, under every policy: its next request
     /// finds it fresh (a customer unbanned). On the Redis store, every instance sees it.
     ///
@@ -93,17 +108,6 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
             .store
             .preview(&Some(key.into()), set.fallback(), 0)
     }
-
-    /// A handle that swaps this layer's policies while requests flow. See
-    /// [`PolicyHandle`].
-    pub fn policy_handle(&self) -> PolicyHandle
-    where
-        X: Send + Sync + 'static,
-        St: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-    {
-        PolicyHandle::new(self.limiter.clone())
-    }
 }
 
 impl<X> RateLimitLayer<X, MemoryStore<Option<<X as KeyExtractor<Request<()>>>::Key>>, UnitCost>
@@ -136,13 +140,5 @@ impl RateLimitLayer {
     /// on; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and at least one limit.
     pub fn builder() -> Builder<Global, UnitCost, Http> {
         Builder::new(Global::new(), UnitCost, Http::default())
-    }
-}
-
-impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
-    type Service = Limited<S, Limiter<X, St, C, Http>>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Limited::new(inner, &self.limiter)
     }
 }

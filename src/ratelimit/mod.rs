@@ -29,4 +29,5 @@ mod service;
 
 pub use self::answer::DecisionEvent;
 pub use self::builder::Builder;
+pub(crate) use self::layer::rate_limit_layer;
 pub use self::layer::RateLimitLayer;

@@ -6,6 +6,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use super::{breaker::Breaker, deadline, keys};
 use crate::clock::{Clock, TokioClock};
 use crate::error::ConfigError;
+use crate::setters::setters;
 
 /// The settings every Redis-backed store shares: a builder's field `common`, set by the
 /// setters of [`RedisBuilder`].
@@ -92,31 +93,24 @@ impl<S> RedisBuilder<S> {
         }
     }
 
-    /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
-    /// braces. Instances and layers share state when they share a namespace and a key (a
-    /// fair-share pool: a label).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.common.namespace = namespace.into();
-        self
-    }
+    setters! {
+        /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
+        /// braces. Instances and layers share state when they share a namespace and a key (a
+        /// fair-share pool: a label).
+        namespace(namespace: impl Into<String>) => common.namespace = namespace.into();
 
-    /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A
-    /// call that misses it counts as a failure, which the store's failure policy (a
-    /// [`RedisStore`](crate::store::RedisStore)) or the layer's `OnStoreError` (in-flight
-    /// and fair-share stores) answers.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.common.deadline = deadline;
-        self
-    }
+        /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A
+        /// call that misses it counts as a failure, which the store's failure policy (a
+        /// [`RedisStore`](crate::store::RedisStore)) or the layer's `OnStoreError` (in-flight
+        /// and fair-share stores) answers.
+        deadline(deadline: Duration) => common.deadline;
 
-    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
-    /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
-    /// meanwhile no call goes out and requests get the failure answer at once instead of
-    /// each waiting out the deadline. Then one probe call goes through and closes it again
-    /// on success. (An in-flight store gives leases back whatever its state.)
-    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
-        self.common.breaker = (failures, cooldown);
-        self
+        /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+        /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
+        /// meanwhile no call goes out and requests get the failure answer at once instead of
+        /// each waiting out the deadline. Then one probe call goes through and closes it again
+        /// on success. (An in-flight store gives leases back whatever its state.)
+        breaker(failures: u32, cooldown: Duration) => common.breaker = (failures, cooldown);
     }
 }
 

@@ -3,7 +3,9 @@
 use std::{fmt, hash::Hash};
 
 use super::map::{self, default_shards, Both, KeyHasher, ShardedMap};
-use super::tables::{residual_many, residual_one, Ctx, Digest, Keys, MemoryStats, Op, SipKeys};
+use super::tables::{
+    residual_many, residual_one, Call, Ctx, Digest, Keys, MemoryStats, Op, SipKeys,
+};
 use super::tags::Tags;
 use super::CheckFuture;
 use super::Store;
@@ -196,14 +198,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static, C: Clock> MemoryStore<K, C> {
             shadow: policy.shadow_mask(),
         };
         let now = || self.clock.now();
+        let call = Call {
+            cx: &cx,
+            op,
+            cost,
+            now,
+        };
         match &self.keys {
-            Keys::Inline(t, h) => t.run(&cx, op, key, map::hash_of(h, key), cost, now, |k| {
-                map::hash_of(h, k)
-            }),
-            Keys::Digest(t, sip) => {
-                let d = sip.digest(key);
-                t.run(&cx, op, &d, d.hash(), cost, now, Digest::hash)
-            }
+            Keys::Inline(t, h) => call.run(t, key, |k: &K| map::hash_of(h, k)),
+            Keys::Digest(t, sip) => call.run(t, &sip.digest(key), Digest::hash),
         }
     }
 

@@ -141,27 +141,32 @@ pub(super) fn residual_many<'a, S>(
     }
 }
 
-impl<S: Eq + Clone + Send + Sync> Tables<S> {
-    /// The decision, with the clock read only once the key's state is in hand (see
-    /// `Gcra::charge`).
+/// One operation on one key of a table, as the memory store asks it: with the store's
+/// policy and its clock, read only once the key's state is in hand (see `Gcra::charge`).
+pub(super) struct Call<'a, N> {
+    pub(super) cx: &'a Ctx<'a>,
+    pub(super) op: Op,
+    pub(super) cost: u64,
+    pub(super) now: N,
+}
+
+impl<N: Fn() -> u64 + Copy> Call<'_, N> {
+    /// The decision for `key` in `t` (`rehash` hashes a key as the table does): the
+    /// common cases under the shard's read lock.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn run(
-        &self,
-        cx: &Ctx<'_>,
-        op: Op,
-        key: &S,
-        hash: u64,
-        cost: u64,
-        now: impl Fn() -> u64 + Copy,
-        rehash: impl Fn(&S) -> u64 + Copy,
-    ) -> Decision {
+    pub(super) fn run<S, R>(self, t: &Tables<S>, key: &S, rehash: R) -> Decision
+    where
+        S: Eq + Clone + Send + Sync,
+        R: Fn(&S) -> u64 + Copy,
+    {
+        let Call { cx, op, cost, now } = self;
+        let hash = rehash(key);
         match (cx.policy.single_gcra(), op) {
             (Some(g), Op::Check) => {
                 // The hot path: a known key under a single GCRA limit, written under this
                 // same policy. The decision is built once, here, in the caller's slot.
                 let found = {
-                    let inner = self.read(hash);
+                    let inner = t.read(hash);
                     inner
                         .one
                         .find(hash, |e| e.0 == *key && e.1 == cx.tag)
@@ -172,27 +177,27 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                 }
             }
             (None, Op::Check) => {
-                let inner = self.read(hash);
-                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                let inner = t.read(hash);
+                if let Some(d) = Tables::in_many(cx, &inner, key, hash, now, |p, s, now| {
                     p.decide(s, now, cost)
                 }) {
                     return d;
                 }
             }
             (_, Op::Peek) => {
-                let inner = self.read(hash);
+                let inner = t.read(hash);
                 if let Some(e) = inner.one.find(hash, |e| e.0 == *key && e.1 == cx.tag) {
                     let tat = e.2.load(Ordering::Acquire);
                     return cx.policy.eval(&[tat], now(), cost).0;
                 }
-                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                if let Some(d) = Tables::in_many(cx, &inner, key, hash, now, |p, s, now| {
                     p.eval(s, now, cost).0
                 }) {
                     return d;
                 }
             }
             (g, Op::Refund) => {
-                let inner = self.read(hash);
+                let inner = t.read(hash);
                 if let (Some(g), Some(e)) =
                     (g, inner.one.find(hash, |e| e.0 == *key && e.1 == cx.tag))
                 {
@@ -207,7 +212,7 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
                         1,
                     );
                 }
-                if let Some(d) = Self::in_many(cx, &inner, key, hash, now, |p, s, now| {
+                if let Some(d) = Tables::in_many(cx, &inner, key, hash, now, |p, s, now| {
                     // The window the charge is in is decided under the key's lock.
                     p.refund(s, now, cost);
                     p.report(s, now)
@@ -218,48 +223,24 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
             // Rare: under the shard's write lock.
             (_, Op::Force | Op::Reset | Op::Ban) => {}
         }
-        self.run_cold(cx, op, key, hash, cost, now, rehash)
-    }
-
-    /// A multi-limit state written under this policy, updated under its lock.
-    #[inline]
-    pub(super) fn in_many(
-        cx: &Ctx<'_>,
-        inner: &ShardInner<One<S>, Many<S>>,
-        key: &S,
-        hash: u64,
-        now: impl Fn() -> u64,
-        f: impl FnOnce(&Policy, &mut [u64], u64) -> Decision,
-    ) -> Option<Decision> {
-        let cell = &inner.many.find(hash, |e| e.0 == *key)?.1;
-        let mut s = cell.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.0 != cx.tag {
-            return None;
-        }
-        // Under the key's lock, so no state written with a later clock is seen.
-        Some(f(cx.policy, &mut s.1, now()))
+        self.cold(t, key, hash, rehash)
     }
 
     /// Every other case, under the shard's write lock: a key not known yet, known under
     /// another policy (its state carried over first), or in the other table.
     #[cold]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn run_cold(
-        &self,
-        cx: &Ctx<'_>,
-        op: Op,
-        key: &S,
-        hash: u64,
-        cost: u64,
-        now: impl Fn() -> u64 + Copy,
-        rehash: impl Fn(&S) -> u64 + Copy,
-    ) -> Decision {
+    fn cold<S, R>(self, t: &Tables<S>, key: &S, hash: u64, rehash: R) -> Decision
+    where
+        S: Eq + Clone + Send + Sync,
+        R: Fn(&S) -> u64 + Copy,
+    {
+        let Call { cx, op, cost, now } = self;
         let policy = cx.policy;
         // An unknown key asking for a cost no fresh bucket admits is refused without a
         // write (and without the write lock); not when limits in shadow may let it
         // through to be charged by the others.
         if op == Op::Check && policy.max_cost() < cost && cx.shadow == 0 {
-            let inner = self.read(hash);
+            let inner = t.read(hash);
             let known = inner.one.find(hash, |e| e.0 == *key).is_some()
                 || inner.many.find(hash, |e| e.0 == *key).is_some();
             if !known {
@@ -268,23 +249,23 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         }
         if op == Op::Peek {
             // A look changes nothing: the state as this policy would see it.
-            let inner = self.read(hash);
+            let inner = t.read(hash);
             let now = now();
-            let state =
-                Self::found(&inner, key, hash).map_or([0; MAX_WORDS], |(t, s)| cx.own(t, &s, now));
+            let state = Tables::found(&inner, key, hash)
+                .map_or([0; MAX_WORDS], |(t, s)| cx.own(t, &s, now));
             return policy.eval(&state, now, cost).0;
         }
-        let mut inner = self.write(hash);
+        let mut inner = t.write(hash);
         let now = now();
-        let found = Self::found(&inner, key, hash);
+        let found = Tables::found(&inner, key, hash);
         let known = found.is_some();
         if let Ok(e) = inner.one.find_entry(hash, |e| e.0 == *key) {
             e.remove();
-            self.removed(&mut inner, 0);
+            t.removed(&mut inner, 0);
         } else if let Ok(e) = inner.many.find_entry(hash, |e| e.0 == *key) {
             let ((_, cell), _) = e.remove();
             let (_, words) = cell.into_inner().unwrap_or_else(PoisonError::into_inner);
-            self.removed(&mut inner, map::allocation_bytes(words.len() * 8));
+            t.removed(&mut inner, map::allocation_bytes(words.len() * 8));
         }
         if op == Op::Reset {
             return policy.eval(&[0; MAX_WORDS], now, 0).0;
@@ -331,13 +312,34 @@ impl<S: Eq + Clone + Send + Sync> Tables<S> {
         let residuals = Both(residual_one::<S>(now), residual_many::<S>(cx.tags, now));
         if owner.single_gcra().is_some() {
             let entry = (key.clone(), tag, AtomicU64::new(state[0]));
-            self.insert_one(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
+            t.insert_one(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
         } else {
             let words: Box<[u64]> = state[..owner.state_words()].into();
             let entry = (key.clone(), Mutex::new((tag, words)));
-            self.insert_many(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
+            t.insert_many(&mut inner, hash, entry, |e| rehash(&e.0), residuals);
         }
         decision
+    }
+}
+
+impl<S: Eq + Clone + Send + Sync> Tables<S> {
+    /// A multi-limit state written under this policy, updated under its lock.
+    #[inline]
+    pub(super) fn in_many(
+        cx: &Ctx<'_>,
+        inner: &ShardInner<One<S>, Many<S>>,
+        key: &S,
+        hash: u64,
+        now: impl Fn() -> u64,
+        f: impl FnOnce(&Policy, &mut [u64], u64) -> Decision,
+    ) -> Option<Decision> {
+        let cell = &inner.many.find(hash, |e| e.0 == *key)?.1;
+        let mut s = cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.0 != cx.tag {
+            return None;
+        }
+        // Under the key's lock, so no state written with a later clock is seen.
+        Some(f(cx.policy, &mut s.1, now()))
     }
 
     /// The key's state from either table, with the tag of the policy that wrote it.

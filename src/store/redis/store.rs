@@ -255,23 +255,13 @@ impl RedisStore {
 
     /// Decides for `key` under the store's policy and charges `cost` when admitted, as a
     /// layer would (deadline, breaker, negative cache and failure policy included).
-    pub async fn check<K: KeyBytes + ?Sized>(
-        &self,
-        key: &K,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
+    pub fn check<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> CheckFuture {
         self.call(self.redis_key(key), &self.inner.policy, Mode::Check, cost)
-            .await
     }
 
     /// [`RedisStore::check`] without charging anything.
-    pub async fn peek<K: KeyBytes + ?Sized>(
-        &self,
-        key: &K,
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
+    pub fn peek<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> CheckFuture {
         self.call(self.redis_key(key), &self.inner.policy, Mode::Peek, cost)
-            .await
     }
 
     /// The circuit breaker's state now.
