@@ -103,6 +103,12 @@ mod tokio_clock {
     #[derive(Clone, Copy, Debug)]
     pub struct TokioClock(Source);
 
+    impl Default for TokioClock {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
     #[derive(Clone, Copy, Debug)]
     enum Source {
         /// tokio's `Instant` (outside a runtime, the OS monotonic clock).
@@ -131,12 +137,6 @@ mod tokio_clock {
         #[cfg(test)]
         pub(crate) fn follows_paused_time(&self) -> bool {
             matches!(self.0, Source::Tokio { .. })
-        }
-    }
-
-    impl Default for TokioClock {
-        fn default() -> Self {
-            Self::new()
         }
     }
 
@@ -241,6 +241,12 @@ mod tsc {
         unix_at_start: u64,
     }
 
+    impl Default for TscClock {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
     impl TscClock {
         /// A clock reading the wall clock now, then advancing with the counter.
         pub fn new() -> Self {
@@ -251,12 +257,6 @@ mod tsc {
                 start: source.raw(),
                 unix_at_start: unix_now(),
             }
-        }
-    }
-
-    impl Default for TscClock {
-        fn default() -> Self {
-            Self::new()
         }
     }
 

@@ -10,7 +10,7 @@ use http::StatusCode;
 use crate::deadline::Deadline;
 use crate::error::{BoxError, RateLimited, StoreError};
 use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
-use crate::policy::{choose::Chooser, Policy, PolicySet};
+use crate::policy::Policy;
 
 /// How the generic layer answers: a refusal is an error, an admission carries nothing.
 /// Reads a request's deadline with the function its builder was given, if any.
@@ -86,25 +86,4 @@ impl<Req: 'static> Flavour<Req> for Generic {
     fn route<'r>(&self, _: &'r Req) -> Option<&'r str> {
         None
     }
-
-    // Out of line: the common path, without a selector, stays small.
-    #[inline(never)]
-    fn choose<K: 'static>(
-        &self,
-        chooser: &Chooser,
-        req: &Req,
-        key: Option<&K>,
-        set: &PolicySet,
-    ) -> usize
-    where
-        Req: 'static,
-    {
-        chooser
-            .get::<RequestSelect<Req, K>>()
-            .map_or(0, |select| select(req, key, set))
-    }
 }
-
-/// The generic layer's selector of a policy, over the request and its key.
-pub(crate) type RequestSelect<Req, K> =
-    Box<dyn Fn(&Req, Option<&K>, &PolicySet) -> usize + Send + Sync>;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::answer::{Generic, RequestDeadline, RequestSelect};
+use super::answer::{Generic, RequestDeadline};
 use crate::cost::UnitCost;
 use crate::deadline::Deadline;
 use crate::decision::Decision;
@@ -11,7 +11,8 @@ use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
 use crate::limiter::Limiter;
 use crate::options::KeyList;
-use crate::policy::{choose::Chooser, PolicyName};
+use crate::policy::choose::{Chooser, RequestSelect};
+use crate::policy::PolicyName;
 use crate::ratelimit::{rate_limit_layer, Builder};
 use crate::setters::setters;
 use crate::store::{MemoryStore, Store, StoreFuture};

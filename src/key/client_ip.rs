@@ -295,6 +295,11 @@ mod tests {
         r
     }
 
+    /// A request from `peer` with `X-Forwarded-For` lines `values`.
+    fn xff(peer: &str, values: &[&[u8]]) -> Request<()> {
+        req(peer, "x-forwarded-for", values)
+    }
+
     #[test]
     fn refuses_bad_blocks() {
         assert_eq!(
@@ -306,25 +311,21 @@ mod tests {
     #[test]
     fn walks_from_the_right() {
         let c = ClientIp::trusting(["10.0.0.0/8"]).unwrap();
-        let r = req(
-            "10.0.0.1:1",
-            "x-forwarded-for",
-            &[b"6.6.6.6, 192.0.2.1, 10.0.0.2"],
-        );
-        assert_eq!(c.extract(&r), Some(ip("192.0.2.1")));
-        // Several header lines are one list.
-        let r = req(
-            "10.0.0.1:1",
-            "x-forwarded-for",
-            &[b"6.6.6.6, 192.0.2.1", b"10.0.0.2"],
-        );
-        assert_eq!(c.extract(&r), Some(ip("192.0.2.1")));
-        // All trusted: the leftmost.
-        let r = req("10.0.0.1:1", "x-forwarded-for", &[b"10.0.0.3, 10.0.0.2"]);
-        assert_eq!(c.extract(&r), Some(ip("10.0.0.3")));
-        // No header: the peer.
-        let r = req("10.0.0.1:1", "x-other", &[b"1.1.1.1"]);
-        assert_eq!(c.extract(&r), Some(ip("10.0.0.1")));
+        let peer = "10.0.0.1:1";
+        for (r, want) in [
+            (xff(peer, &[b"6.6.6.6, 192.0.2.1, 10.0.0.2"]), "192.0.2.1"),
+            // Several header lines are one list.
+            (
+                xff(peer, &[b"6.6.6.6, 192.0.2.1", b"10.0.0.2"]),
+                "192.0.2.1",
+            ),
+            // All trusted: the leftmost.
+            (xff(peer, &[b"10.0.0.3, 10.0.0.2"]), "10.0.0.3"),
+            // No header: the peer.
+            (req(peer, "x-other", &[b"1.1.1.1"]), "10.0.0.1"),
+        ] {
+            assert_eq!(c.extract(&r), Some(ip(want)), "{:?}", r.headers());
+        }
     }
 
     #[test]
@@ -335,7 +336,7 @@ mod tests {
             b"1.1.1.1, 1.1.1, 10.0.0.2",
             b"1.1.1.1,\xff,10.0.0.2",
         ] {
-            let r = req("10.0.0.1:1", "x-forwarded-for", &[v]);
+            let r = xff("10.0.0.1:1", &[v]);
             assert_eq!(c.extract(&r), Some(ip("10.0.0.2")), "{v:?}");
         }
         let c = c.header(ForwardedHeader::Forwarded);
@@ -354,24 +355,20 @@ mod tests {
         let c = ClientIp::trusting(["10.0.0.0/8"]).unwrap();
         // 100 trusted entries: stops after 64, at the 64th from the right.
         let many: Vec<String> = (0..100).map(|i| format!("10.0.{i}.1")).collect();
-        let r = req(
-            "10.0.0.1:1",
-            "x-forwarded-for",
-            &[many.join(",").as_bytes()],
-        );
+        let r = xff("10.0.0.1:1", &[many.join(",").as_bytes()]);
         assert_eq!(c.extract(&r), Some(ip("10.0.36.1")));
         // A huge value: only its right end is read; the cut entry is never used.
         let mut big = "1".repeat(20_000);
         big.push_str(", 11.22.33.44");
-        let r = req("10.0.0.1:1", "x-forwarded-for", &[big.as_bytes()]);
+        let r = xff("10.0.0.1:1", &[big.as_bytes()]);
         assert_eq!(c.extract(&r), Some(ip("11.22.33.44")));
         let mut big = "11.1.1.1,".repeat(2_000);
         big.push_str("10.0.0.9");
-        let r = req("10.0.0.1:1", "x-forwarded-for", &[big.as_bytes()]);
+        let r = xff("10.0.0.1:1", &[big.as_bytes()]);
         assert_eq!(c.extract(&r), Some(ip("11.1.1.1")));
         let mut big = "10.1.1.1,".repeat(1_000);
         big.push_str("10.0.0.9");
-        let r = req("10.0.0.1:1", "x-forwarded-for", &[big.as_bytes()]);
+        let r = xff("10.0.0.1:1", &[big.as_bytes()]);
         assert_eq!(c.extract(&r), Some(ip("10.1.1.1")));
     }
 
@@ -398,7 +395,7 @@ mod tests {
             assert_eq!(c.extract(&r), Some(ip("10.0.0.1")), "{values:?}");
         }
         // Another header, another name.
-        let r = req("10.0.0.1:1", "x-forwarded-for", &[b"203.0.113.7"]);
+        let r = xff("10.0.0.1:1", &[b"203.0.113.7"]);
         assert_eq!(c.extract(&r), Some(ip("10.0.0.1")));
         for (header, name) in [
             (ForwardedHeader::CfConnectingIp, "cf-connecting-ip"),
@@ -416,24 +413,24 @@ mod tests {
 
     #[test]
     fn hop_count() {
-        let xff = |peer: &str, v: &'static str| req(peer, "x-forwarded-for", &[v.as_bytes()]);
+        let hops = |peer: &str, v: &'static str| xff(peer, &[v.as_bytes()]);
         let two = ClientIp::trusting_hops(2);
         // The peer and one more proxy: the second entry from the right.
-        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5, 198.51.100.9");
+        let r = hops("192.0.2.1:1", "6.6.6.6, 203.0.113.5, 198.51.100.9");
         assert_eq!(two.extract(&r), Some(ip("203.0.113.5")));
         // Fewer entries than hops: the leftmost.
         assert_eq!(
-            two.extract(&xff("192.0.2.1:1", "203.0.113.5")),
+            two.extract(&hops("192.0.2.1:1", "203.0.113.5")),
             Some(ip("203.0.113.5"))
         );
-        assert_eq!(two.extract(&xff("192.0.2.1:1", "")), Some(ip("192.0.2.1")));
+        assert_eq!(two.extract(&hops("192.0.2.1:1", "")), Some(ip("192.0.2.1")));
         // Empty elements are not hops; a bad entry stops at the last trusted hop.
-        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5,, 198.51.100.9,");
+        let r = hops("192.0.2.1:1", "6.6.6.6, 203.0.113.5,, 198.51.100.9,");
         assert_eq!(two.extract(&r), Some(ip("203.0.113.5")));
-        let r = xff("192.0.2.1:1", "6.6.6.6, garbage, 198.51.100.9");
+        let r = hops("192.0.2.1:1", "6.6.6.6, garbage, 198.51.100.9");
         assert_eq!(two.extract(&r), Some(ip("198.51.100.9")));
         // One hop: the rightmost entry; none: the peer, whatever the header says.
-        let r = xff("192.0.2.1:1", "6.6.6.6, 203.0.113.5");
+        let r = hops("192.0.2.1:1", "6.6.6.6, 203.0.113.5");
         assert_eq!(
             ClientIp::trusting_hops(1).extract(&r),
             Some(ip("203.0.113.5"))
@@ -444,11 +441,7 @@ mod tests {
         );
         // More hops than the walk reads: the last entry read.
         let many: Vec<String> = (0..100).map(|i| format!("10.0.{i}.1")).collect();
-        let r = req(
-            "192.0.2.1:1",
-            "x-forwarded-for",
-            &[many.join(",").as_bytes()],
-        );
+        let r = xff("192.0.2.1:1", &[many.join(",").as_bytes()]);
         assert_eq!(
             ClientIp::trusting_hops(80).extract(&r),
             Some(ip("10.0.36.1"))
@@ -471,7 +464,7 @@ mod tests {
     #[test]
     fn untrusted_peer_ignores_headers() {
         let c = ClientIp::trusting(["10.0.0.0/8"]).unwrap();
-        let r = req("192.0.2.1:1", "x-forwarded-for", &[b"10.0.0.5"]);
+        let r = xff("192.0.2.1:1", &[b"10.0.0.5"]);
         assert_eq!(c.extract(&r), Some(ip("192.0.2.1")));
         assert_eq!(c.extract(&Request::new(())), None);
     }

@@ -4,7 +4,8 @@ use http::StatusCode;
 
 use crate::decision::Decision;
 use crate::error::StoreError;
-use crate::policy::{choose::Chooser, Policy, PolicySet};
+use crate::policy::choose::{Chooser, RequestSelect};
+use crate::policy::{Policy, PolicySet};
 
 /// What a layer prepares for each policy when a set is installed (the HTTP layer's
 /// formatted header values), so that no request formats them.
@@ -73,7 +74,10 @@ pub(crate) trait Flavour<Req>: Prepare {
         let _ = req;
         f()
     }
-    /// The index in `set` of the policy the layer's selector picks for `req` and `key`.
+    /// The index in `set` of the policy the layer's selector picks for `req` and `key`;
+    /// by default a [`RequestSelect`] over the request itself. Out of line: the common
+    /// path, without a selector, stays small.
+    #[inline(never)]
     fn choose<K: 'static>(
         &self,
         chooser: &Chooser,
@@ -82,7 +86,12 @@ pub(crate) trait Flavour<Req>: Prepare {
         set: &PolicySet,
     ) -> usize
     where
-        Req: 'static;
+        Req: 'static,
+    {
+        chooser
+            .get::<RequestSelect<Req, K>>()
+            .map_or(0, |select| select(req, key, set))
+    }
 }
 
 /// What a layer's exemption and deny rules say of a request.

@@ -14,98 +14,67 @@
 #[cfg(feature = "metrics")]
 use std::sync::OnceLock;
 
-pub(crate) const RATE_LIMIT_REQUESTS: &str = "tollgate.rate_limit.requests_total";
-pub(crate) const IN_FLIGHT_REQUESTS: &str = "tollgate.in_flight.requests_total";
-pub(crate) const SCREENED: &str = "tollgate.rate_limit.screened_total";
-pub(crate) const TIME_IN_QUEUE: &str = "tollgate.rate_limit.request.time_in_queue_seconds";
-pub(crate) const QUEUED: &str = "tollgate.rate_limit.queued_requests";
-pub(crate) const ACTIVE_LEASES: &str = "tollgate.in_flight.active_leases";
-pub(crate) const DEGRADED: &str = "tollgate.rate_limit.degraded_decisions_total";
-pub(crate) const OPERATION: &str = "tollgate.store.operation.duration_seconds";
-pub(crate) const ERRORS: &str = "tollgate.store.errors_total";
-pub(crate) const BREAKER: &str = "tollgate.store.breaker.state";
-pub(crate) const KEYS: &str = "tollgate.store.keys";
-pub(crate) const EVICTIONS: &str = "tollgate.store.evictions_total";
-// The listener's series, described with the others.
-#[cfg_attr(not(feature = "listener"), allow(dead_code))]
-pub(crate) const CONNECTIONS: &str = "tollgate.connections_total";
-#[cfg_attr(not(feature = "listener"), allow(dead_code))]
-pub(crate) const HEAD_TIMEOUTS: &str = "tollgate.connections.head_timeouts_total";
-#[cfg_attr(not(feature = "listener"), allow(dead_code))]
-pub(crate) const OPEN_CONNECTIONS: &str = "tollgate.connections.open";
+/// Declares each series once: its constant, kind, name, unit and help text; and
+/// `describe`, which gives every one its unit and help (the exporter's `HELP` and unit)
+/// in the recorder in force. `describe` is repeated when a layer or a store is built and
+/// when a handle finds its recorder.
+macro_rules! series {
+    ($($(#[$attr:meta])* $konst:ident = $kind:ident($name:literal $(, $unit:ident)?): $help:expr;)+) => {
+        $($(#[$attr])* pub(crate) const $konst: &str = $name;)+
 
-/// Gives every metric its unit and description (the exporter's `HELP` and unit), in the
-/// recorder in force; repeated when a layer or a store is built and when a handle finds
-/// its recorder.
-#[cfg(feature = "metrics")]
-fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(
-        CONNECTIONS,
-        Unit::Count,
-        "New connections at a limited listener, by result: admitted, exempt, or refused (rate_limited, address_full, total_full)"
-    );
-    describe_counter!(
-        HEAD_TIMEOUTS,
-        Unit::Count,
-        "Connections closed because their first request head did not arrive in time"
-    );
-    describe_gauge!(
-        OPEN_CONNECTIONS,
-        Unit::Count,
-        "Connections open through a limited listener"
-    );
-    describe_counter!(
-        RATE_LIMIT_REQUESTS,
-        Unit::Count,
-        "Rate-limit decisions, by layer, policy and result"
-    );
-    describe_counter!(
-        IN_FLIGHT_REQUESTS,
-        Unit::Count,
-        "In-flight limit decisions, by layer and result"
-    );
-    describe_counter!(
-        SCREENED,
-        Unit::Count,
-        "Requests never limited (skipped or on an allow list) or denied (on a deny list)"
-    );
-    describe_histogram!(
-        TIME_IN_QUEUE,
-        Unit::Seconds,
-        "How long admitted requests waited in a leaky-bucket queue"
-    );
-    describe_gauge!(
-        QUEUED,
-        Unit::Count,
-        "Admitted requests waiting in a leaky-bucket queue now"
-    );
-    describe_gauge!(
-        ACTIVE_LEASES,
-        Unit::Count,
-        "Requests holding an in-flight slot now"
-    );
-    describe_counter!(
-        DEGRADED,
-        Unit::Count,
-        "Decisions made without the store's backend or from its negative cache"
-    );
-    describe_histogram!(
-        OPERATION,
-        Unit::Seconds,
-        "Duration of calls to a network store"
-    );
-    describe_counter!(ERRORS, Unit::Count, "Failed store calls, by error type");
-    describe_gauge!(
-        BREAKER,
-        "Circuit breaker state: 0 closed, 1 half-open, 2 open"
-    );
-    describe_gauge!(KEYS, Unit::Count, "Keys held in memory");
-    describe_counter!(
-        EVICTIONS,
-        Unit::Count,
-        "Keys evicted from memory: back to fresh, or with state to fit the memory budget"
-    );
+        #[cfg(feature = "metrics")]
+        fn describe() {
+            $(series!(@describe $kind, $konst, $($unit)?, $help);)+
+        }
+    };
+    (@describe counter, $konst:ident, $($unit:ident)?, $help:expr) => {
+        metrics::describe_counter!($konst, $(metrics::Unit::$unit,)? $help)
+    };
+    (@describe gauge, $konst:ident, $($unit:ident)?, $help:expr) => {
+        metrics::describe_gauge!($konst, $(metrics::Unit::$unit,)? $help)
+    };
+    (@describe histogram, $konst:ident, $($unit:ident)?, $help:expr) => {
+        metrics::describe_histogram!($konst, $(metrics::Unit::$unit,)? $help)
+    };
+}
+
+series! {
+    RATE_LIMIT_REQUESTS = counter("tollgate.rate_limit.requests_total", Count):
+        "Rate-limit decisions, by layer, policy and result";
+    IN_FLIGHT_REQUESTS = counter("tollgate.in_flight.requests_total", Count):
+        "In-flight limit decisions, by layer and result";
+    SCREENED = counter("tollgate.rate_limit.screened_total", Count):
+        "Requests never limited (skipped or on an allow list) or denied (on a deny list)";
+    TIME_IN_QUEUE = histogram("tollgate.rate_limit.request.time_in_queue_seconds", Seconds):
+        "How long admitted requests waited in a leaky-bucket queue";
+    QUEUED = gauge("tollgate.rate_limit.queued_requests", Count):
+        "Admitted requests waiting in a leaky-bucket queue now";
+    ACTIVE_LEASES = gauge("tollgate.in_flight.active_leases", Count):
+        "Requests holding an in-flight slot now";
+    DEGRADED = counter("tollgate.rate_limit.degraded_decisions_total", Count):
+        "Decisions made without the store's backend or from its negative cache";
+    OPERATION = histogram("tollgate.store.operation.duration_seconds", Seconds):
+        "Duration of calls to a network store";
+    ERRORS = counter("tollgate.store.errors_total", Count):
+        "Failed store calls, by error type";
+    BREAKER = gauge("tollgate.store.breaker.state"):
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open";
+    KEYS = gauge("tollgate.store.keys", Count):
+        "Keys held in memory";
+    EVICTIONS = counter("tollgate.store.evictions_total", Count):
+        "Keys evicted from memory: back to fresh, or with state to fit the memory budget";
+    #[cfg_attr(not(feature = "listener"), allow(dead_code))]
+    CONNECTIONS = counter("tollgate.connections_total", Count):
+        concat!(
+            "New connections at a limited listener, by result: admitted, exempt, or refused ",
+            "(rate_limited, address_full, total_full)"
+        );
+    #[cfg_attr(not(feature = "listener"), allow(dead_code))]
+    HEAD_TIMEOUTS = counter("tollgate.connections.head_timeouts_total", Count):
+        "Connections closed because their first request head did not arrive in time";
+    #[cfg_attr(not(feature = "listener"), allow(dead_code))]
+    OPEN_CONNECTIONS = gauge("tollgate.connections.open", Count):
+        "Connections open through a limited listener";
 }
 
 /// When a handle is registered, if a recorder is in force: when built (a series every

@@ -9,6 +9,11 @@ use super::PolicySet;
 use crate::error::ConfigError;
 use crate::options::KeyType;
 
+/// A selector of a policy over the request itself and its key (the generic layer's),
+/// as a [`Chooser`] holds it.
+pub(crate) type RequestSelect<Req, K> =
+    Box<dyn Fn(&Req, Option<&K>, &PolicySet) -> usize + Send + Sync>;
+
 /// A selector: `S` is the flavour's boxed closure type over a request (or its head), a key
 /// of type `K` and the set, returning the policy's index.
 #[derive(Clone, Debug)]

@@ -7,14 +7,14 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response};
 
-use super::access;
+use super::access::{self, Access};
 use super::answer::{DecisionEvent, HeadSelect, Http};
 use super::builder::Builder;
 use super::layer::RateLimitLayer;
 use crate::deadline::DeadlineSources;
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::key::{ClientIp, KeyExtractor, RequestHead};
+use crate::key::{cidr::Cidr, ClientIp, KeyExtractor, RequestHead};
 use crate::options::KeyList;
 use crate::policy::{choose::Chooser, PolicyName};
 use crate::response::{Rejection, ResponseHead, SettleRule};
@@ -189,28 +189,25 @@ impl<X, C> Builder<X, C, Http> {
     /// `2001:db8::/32`, or one address). The address is the connection's peer, or what
     /// [`Builder::client_ip`](crate::ratelimit::Builder::client_ip) finds behind your proxies. A bad block is reported by
     /// `build`.
-    pub fn allow_ips<I, S>(mut self, cidrs: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        match access::blocks(cidrs) {
-            Ok(b) => self.flavour.access.allow(b),
-            Err(e) => self.settings.fail(e),
-        }
-        self
+    pub fn allow_ips<S: AsRef<str>>(self, cidrs: impl IntoIterator<Item = S>) -> Self {
+        self.ips(cidrs, Access::allow)
     }
 
     /// Refuses clients whose address is in one of these blocks with `403 Forbidden` and a
     /// problem body, on every request, skipped ones included (an address on both lists is
     /// denied).
-    pub fn deny_ips<I, S>(mut self, cidrs: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
+    pub fn deny_ips<S: AsRef<str>>(self, cidrs: impl IntoIterator<Item = S>) -> Self {
+        self.ips(cidrs, Access::deny)
+    }
+
+    /// Adds the blocks `cidrs` to a list with `add`, or keeps the error for `build`.
+    fn ips<S: AsRef<str>>(
+        mut self,
+        cidrs: impl IntoIterator<Item = S>,
+        add: fn(&mut Access, Vec<Cidr>),
+    ) -> Self {
         match access::blocks(cidrs) {
-            Ok(b) => self.flavour.access.deny(b),
+            Ok(b) => add(&mut self.flavour.access, b),
             Err(e) => self.settings.fail(e),
         }
         self

@@ -206,14 +206,6 @@ impl RedisBuilder<ForRedisStore> {
 }
 
 impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
-    fn supports(&self, policy: &Policy) -> Result<(), ConfigError> {
-        script::limit_args(policy).map(|_| ())
-    }
-
-    fn default_policy(&self) -> Option<Policy> {
-        Some(self.inner.policy.clone())
-    }
-
     fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_with(key, policy, cost)))
     }
@@ -259,14 +251,11 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
         self.inner.with_entry(k.clone(), policy, |e, now| {
             policy.ban(&mut e.state, now, ns)
         });
-        let limits = match script::limit_args(policy) {
-            Ok(l) => l,
-            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
-        };
+        let limits = script::limit_args(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
             shared
-                .update(&k, Mode::Ban, ns, limits, Vec::new())
+                .update(&k, Mode::Ban, ns, limits?, Vec::new())
                 .await
                 .map(|_| ())
         })
@@ -286,5 +275,13 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
                 .await
                 .map(|_| ())
         })
+    }
+
+    fn supports(&self, policy: &Policy) -> Result<(), ConfigError> {
+        script::limit_args(policy).map(|_| ())
+    }
+
+    fn default_policy(&self) -> Option<Policy> {
+        Some(self.inner.policy.clone())
     }
 }

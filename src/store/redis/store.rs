@@ -312,14 +312,11 @@ impl RedisStore {
         if let Some(n) = &self.inner.negative {
             n.remove(&k);
         }
-        let limits = match script::limit_args(policy) {
-            Ok(l) => l,
-            Err(e) => return StoreFuture::ready(Err(StoreError::backend(e))),
-        };
+        let limits = script::limit_args(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
             shared
-                .guarded_call(&k, mode, units, &limits, true, shared.deadline)
+                .guarded_call(&k, mode, units, &limits?, true, shared.deadline)
                 .await
                 .map(|_| ())
         })
