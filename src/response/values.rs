@@ -147,6 +147,14 @@ impl Together {
         self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
         self.len += bytes.len();
     }
+
+    /// Two values, the bytes before `cut` and those after, in one allocation.
+    #[inline(never)]
+    fn values(&self, cut: usize) -> (HeaderValue, HeaderValue) {
+        let mut both = Bytes::from_owner(*self);
+        let first = both.split_to(cut);
+        (shared(first), shared(both))
+    }
 }
 
 /// A value of `items` (`len` bytes, their separators included): `RateLimit`'s.
@@ -191,11 +199,6 @@ pub(super) fn items_and_seconds(
     }
     let cut = t.len;
     t.push(digits);
-    let written = |t: Together| {
-        let mut both = Bytes::from_owner(t);
-        let rate_limit = both.split_to(cut);
-        (shared(rate_limit), shared(both))
-    };
     // `try_with`: a thread tearing its locals down writes its values without them.
     LAST.try_with(|last| {
         let mut last = last.borrow_mut();
@@ -204,11 +207,11 @@ pub(super) fn items_and_seconds(
                 return (rate_limit.clone(), retry_after.clone());
             }
         }
-        let (rate_limit, retry_after) = written(t);
+        let (rate_limit, retry_after) = t.values(cut);
         *last = Some((rate_limit.clone(), retry_after.clone()));
         (rate_limit, retry_after)
     })
-    .unwrap_or_else(|_| written(t))
+    .unwrap_or_else(|_| t.values(cut))
 }
 
 thread_local! {
