@@ -33,8 +33,8 @@ pub trait OwnBody {
 }
 
 /// A layer's own answer as a future holds it: boxed ([`OwnAnswer`]: the layers whose
-/// futures must stay small) or not (the HTTP rate limit's refusal, written once into its
-/// future and moved once into the response).
+/// futures must stay small) or not ([`OwnResponse`]: the HTTP rate limit's, whose
+/// refusals would otherwise pay the box's allocation and free).
 pub trait Answer {
     /// The response.
     fn response(self) -> Response<Bytes>;
