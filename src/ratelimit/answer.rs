@@ -13,7 +13,7 @@ use crate::error::StoreError;
 use crate::key::RequestHead;
 use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 use crate::policy::{choose::Chooser, Policy, PolicySet};
-use crate::response::OwnAnswer;
+use crate::response::OwnResponse;
 use crate::response::{
     grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule,
 };
@@ -126,7 +126,7 @@ impl Http {
 }
 
 impl<B> Flavour<Request<B>> for Http {
-    type Refusal = OwnAnswer;
+    type Refusal = OwnResponse;
     type Extra = ResponseHeaders;
 
     fn refuse(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {
@@ -144,7 +144,7 @@ impl<B> Flavour<Request<B>> for Http {
             }));
             headers.apply(r.headers_mut());
         }
-        Box::new(r)
+        r
     }
 
     #[inline(always)]
@@ -177,27 +177,27 @@ impl<B> Flavour<Request<B>> for Http {
     }
 
     fn failed(&self, req: &Request<B>, _: StoreError) -> Self::Refusal {
-        Box::new(own_answer(
+        own_answer(
             self.grpc(req),
             StatusCode::SERVICE_UNAVAILABLE,
             "The rate limiter's store is unavailable.",
-        ))
+        )
     }
 
     fn keyless(&self, req: &Request<B>, status: StatusCode) -> Self::Refusal {
-        Box::new(own_answer(
+        own_answer(
             self.grpc(req),
             status,
             "No rate-limit key could be extracted from this request.",
-        ))
+        )
     }
 
     fn denied(&self, req: &Request<B>) -> Self::Refusal {
-        Box::new(own_answer(
+        own_answer(
             self.grpc(req),
             StatusCode::FORBIDDEN,
             "This client is denied.",
-        ))
+        )
     }
 
     #[inline]

@@ -14,7 +14,7 @@ use crate::cost::Cost;
 use crate::future::{Machine, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::limiter::Limiter;
-use crate::response::OwnAnswer;
+use crate::response::OwnResponse;
 use crate::response::{RateLimitBody, ResponseHeaders};
 use crate::service::Limited;
 use crate::store::Store;
@@ -34,7 +34,7 @@ where
 {
     type Response = Response<RateLimitBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, Request<B>, OwnAnswer, ResponseHeaders>;
+    type Future = ResponseFuture<S, Request<B>, OwnResponse, ResponseHeaders>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

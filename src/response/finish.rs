@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::OwnAnswer;
+use super::{OwnAnswer, OwnResponse};
 use crate::future::{Decide, ResponseFuture};
 
 /// What an admitted request's response gets from its layer: `Self` is what the decision
@@ -32,11 +32,34 @@ pub trait OwnBody {
     fn own(data: Bytes) -> Self;
 }
 
-impl<S, B, ResBody, H, D> Future for ResponseFuture<S, Request<B>, OwnAnswer, H, D>
+/// A layer's own answer as a future holds it: boxed ([`OwnAnswer`]: the layers whose
+/// futures must stay small) or not ([`OwnResponse`]: the HTTP rate limit's, whose
+/// refusals would otherwise pay the box's allocation and free).
+pub trait Answer {
+    /// The response.
+    fn response(self) -> Response<Bytes>;
+}
+
+impl Answer for OwnAnswer {
+    #[inline]
+    fn response(self) -> Response<Bytes> {
+        *self
+    }
+}
+
+impl Answer for OwnResponse {
+    #[inline]
+    fn response(self) -> Response<Bytes> {
+        self
+    }
+}
+
+impl<S, B, ResBody, O, H, D> Future for ResponseFuture<S, Request<B>, O, H, D>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    O: Answer,
     H: Finish,
-    D: Decide<Request<B>, OwnAnswer, H>,
+    D: Decide<Request<B>, O, H>,
 {
     type Output = Result<Response<H::Body<ResBody>>, S::Error>;
 
@@ -45,7 +68,7 @@ where
         self.project().machine.poll_machine(
             cx,
             |result, extra| Ok(H::finish(result?, extra)),
-            |answer| Ok((*answer).map(OwnBody::own)),
+            |answer| Ok(answer.response().map(OwnBody::own)),
         )
     }
 }

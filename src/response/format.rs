@@ -374,20 +374,16 @@ impl Fields {
         let mut r = Response::new(body);
         *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = r.headers_mut();
-        *h = self.denied_head.clone();
-        // Filled by name, in one pass over the five entries (no name hashed).
-        let (mut retry_after, mut rate_limit) = (Some(retry_after), Some(rate_limit));
-        for (name, blank) in h.iter_mut() {
-            let value = if name == RETRY_AFTER {
-                retry_after.take()
-            } else if name == RATELIMIT {
-                rate_limit.take()
-            } else {
-                None
-            };
-            if let Some(value) = value {
-                *blank = value;
-            }
+        // `Response::new`'s map is `HeaderMap::new()`, which owns no allocation: it is
+        // forgotten rather than dropped, which would walk its empty parts.
+        std::mem::forget(std::mem::replace(h, self.denied_head.clone()));
+        // Filled by position (see `denied_head`): no name hashed or compared.
+        let mut values = h.values_mut();
+        if let Some(blank) = values.nth(RETRY_AFTER_AT) {
+            *blank = retry_after;
+        }
+        if let Some(blank) = values.nth(RATELIMIT_AT - RETRY_AFTER_AT - 1) {
+            *blank = rate_limit;
         }
         r
     }
@@ -463,9 +459,16 @@ pub(crate) fn quota_refusal(
     r
 }
 
+/// Where the blank `Retry-After` and `RateLimit` values of [`denied_head`] are, in the
+/// order of its values.
+const RETRY_AFTER_AT: usize = 2;
+const RATELIMIT_AT: usize = 4;
+
 /// The head of a denied request's standard refusal, as [`quota_refusal`] and
 /// [`ResponseHeaders::apply`] write it (in that order), with `policy` as its
-/// `RateLimit-Policy` and blank `Retry-After` and `RateLimit` values.
+/// `RateLimit-Policy` and blank `Retry-After` and `RateLimit` values at
+/// [`RETRY_AFTER_AT`] and [`RATELIMIT_AT`] (a map keeps its entries in the order they
+/// were inserted).
 fn denied_head(policy: &HeaderValue) -> HeaderMap {
     let blank = HeaderValue::from_static("");
     let mut h = HeaderMap::with_capacity(5);
@@ -474,6 +477,8 @@ fn denied_head(policy: &HeaderValue) -> HeaderMap {
     h.insert(RETRY_AFTER, blank.clone());
     h.append(&RATELIMIT_POLICY, policy.clone());
     h.append(&RATELIMIT, blank);
+    debug_assert!(h.keys().nth(RETRY_AFTER_AT) == Some(&RETRY_AFTER));
+    debug_assert!(h.keys().nth(RATELIMIT_AT) == Some(&RATELIMIT));
     h
 }
 
@@ -574,6 +579,32 @@ mod tests {
             };
             assert_eq!(pairs(&fast), pairs(&general), "{name}");
             assert_eq!(fast.body(), general.body());
+        }
+    }
+
+    /// A thread repeats the values it wrote last only when they are the same values.
+    #[test]
+    fn repeated_values_are_the_values() {
+        let value = |r: &str, t: &str, secs: u64| {
+            let item = Item(b"\"m\";r=", r, t);
+            let len = item.len();
+            let (rate_limit, retry_after) = items_and_seconds(&[item], len, secs);
+            let text = |v: HeaderValue| v.to_str().unwrap().to_owned();
+            (text(rate_limit), text(retry_after))
+        };
+        for (r, t, secs) in [
+            ("0", "60", 60),
+            ("0", "60", 60),
+            ("0", "6", 60),
+            ("0", "60", 6),
+            ("1", "60", 60),
+            ("0", "3600", 3600),
+            ("0", "3600", 3600),
+            ("0", "360", 3600),
+            ("0", "3600", 3600),
+        ] {
+            let expected = (format!("\"m\";r={r};t={t}"), secs.to_string());
+            assert_eq!(value(r, t, secs), expected);
         }
     }
 

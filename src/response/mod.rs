@@ -29,6 +29,10 @@ pub use head::ResponseHead;
 /// An answer of a layer's own (a refusal, a keyless request rejected, a failed store),
 /// boxed: the response futures stay small on the path that calls the inner service.
 pub(crate) type OwnAnswer = Box<http::Response<bytes::Bytes>>;
+/// The HTTP rate limit's own answer (a refusal, most often), unboxed: a refusal is that
+/// layer's hot path under a flood, and a box would cost it an allocation, its free and a
+/// copy.
+pub(crate) type OwnResponse = http::Response<bytes::Bytes>;
 pub(crate) use settle::{Pending, SettleRule};
 pub(crate) use values::prefixed_value;
 pub(crate) use values::rate_limit_item;

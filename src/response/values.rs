@@ -2,6 +2,7 @@
 //! `RateLimit` items, structured-field strings, problem bodies and their JSON escapes,
 //! values of an exact length, and a refusal's two values in one allocation.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -129,6 +130,7 @@ const ROOM: usize = 64;
 
 /// Header values written back to back into one small buffer, which one allocation then
 /// holds for all of them: each value is a slice of it.
+#[derive(Clone, Copy)]
 struct Together {
     buf: [u8; ROOM],
     len: usize,
@@ -145,6 +147,14 @@ impl Together {
         self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
         self.len += bytes.len();
     }
+
+    /// Two values, the bytes before `cut` and those after, in one allocation.
+    #[inline(never)]
+    fn values(&self, cut: usize) -> (HeaderValue, HeaderValue) {
+        let mut both = Bytes::from_owner(*self);
+        let first = both.split_to(cut);
+        (shared(first), shared(both))
+    }
 }
 
 /// A value of `items` (`len` bytes, their separators included): `RateLimit`'s.
@@ -159,10 +169,12 @@ pub(super) fn items_value(items: &[Item<'_>], len: usize) -> HeaderValue {
     v.value()
 }
 
-/// The `RateLimit` value of `items` (`len` bytes) and the `Retry-After` value of `secs`:
-/// a wait below 100 s is static text, and a longer one shares the `RateLimit` value's
-/// allocation when both fit in a small buffer (one allocation for the two instead of
-/// two).
+/// The `RateLimit` value of `items` (`len` bytes) and the `Retry-After` value of `secs`,
+/// written back to back into a small buffer that one allocation then holds for both. A
+/// thread repeats the values it wrote last without writing them again: refusals come in
+/// runs (a client retrying in a loop, a flood) whose values stay the same for a second
+/// at a time, and a clone of each (a count increased) spares the allocation, the check of
+/// the bytes and the free. Values too long for the buffer are written apart.
 pub(super) fn items_and_seconds(
     items: &[Item<'_>],
     len: usize,
@@ -170,7 +182,7 @@ pub(super) fn items_and_seconds(
 ) -> (HeaderValue, HeaderValue) {
     let mut number = itoa::Buffer::new();
     let digits = number.format(secs).as_bytes();
-    if secs < 100 || len + digits.len() > ROOM {
+    if len + digits.len() > ROOM {
         return (items_value(items, len), seconds_value(secs));
     }
     let mut t = Together {
@@ -187,9 +199,25 @@ pub(super) fn items_and_seconds(
     }
     let cut = t.len;
     t.push(digits);
-    let mut both = Bytes::from_owner(t);
-    let rate_limit = both.split_to(cut);
-    (shared(rate_limit), shared(both))
+    // `try_with`: a thread tearing its locals down writes its values without them.
+    LAST.try_with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((rate_limit, retry_after)) = &*last {
+            if rate_limit.as_bytes() == &t.buf[..cut] && retry_after.as_bytes() == digits {
+                return (rate_limit.clone(), retry_after.clone());
+            }
+        }
+        let (rate_limit, retry_after) = t.values(cut);
+        *last = Some((rate_limit.clone(), retry_after.clone()));
+        (rate_limit, retry_after)
+    })
+    .unwrap_or_else(|_| t.values(cut))
+}
+
+thread_local! {
+    /// The `RateLimit` and `Retry-After` values [`items_and_seconds`] wrote last on this
+    /// thread (the two slices of one allocation).
+    static LAST: RefCell<Option<(HeaderValue, HeaderValue)>> = const { RefCell::new(None) };
 }
 
 /// A header value of bytes checked as they are written (digits, and policy names
