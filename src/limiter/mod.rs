@@ -400,7 +400,8 @@ where
             d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
         if !plain && !observed {
             let name = at.installed.set.entry(at.index).name.as_deref();
-            self.observe.decided(name, self.flavour.route(req), &key, d);
+            self.observe
+                .decided(name, &|| self.flavour.route(req), &key, d);
         }
         let metrics = &at.installed.metrics[at.index];
         metrics.decided(d, || self.flavour.matched_route(req));

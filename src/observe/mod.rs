@@ -117,18 +117,19 @@ impl Observe {
     /// A decision other than a plain admission: a refusal, a request a limit in shadow
     /// would have refused, or a decision a store made without its backend or from its
     /// negative cache. Those made without the backend are logged as an outage is (at most
-    /// one warning a second), not one event per request.
+    /// one warning a second), not one event per request. `route` is read only for an
+    /// event a subscriber wants.
     #[cold]
-    pub(crate) fn decided<K: Hash>(
+    pub(crate) fn decided<'r, K: Hash>(
         &self,
         policy: Option<&str>,
-        route: Option<&str>,
+        route: &dyn Fn() -> Option<&'r str>,
         key: &K,
         d: &Decision,
     ) {
         match d.source() {
             Source::Fallback | Source::FailOpen | Source::FailClosed => {
-                self.degraded(policy, route, d)
+                self.degraded(policy, route(), d)
             }
             source => {
                 if source == Source::NegativeCache {
@@ -145,7 +146,13 @@ impl Observe {
     /// fields are computed only when a subscriber wants the event. Each fact is one field:
     /// `outcome` (`denied`; `exceeds`: a cost no limit can ever admit; `shadowed`: let
     /// through by a shadow limit) and, where there is one, the wait in `retry_after_ms`.
-    fn refused<K: Hash>(&self, policy: Option<&str>, route: Option<&str>, key: &K, d: &Decision) {
+    fn refused<'r, K: Hash>(
+        &self,
+        policy: Option<&str>,
+        route: &dyn Fn() -> Option<&'r str>,
+        key: &K,
+        d: &Decision,
+    ) {
         let (outcome, message) = match d.retry_after() {
             _ if d.shadowed() => (
                 "shadowed",
@@ -158,7 +165,7 @@ impl Observe {
             target: "tollgate",
             limiter = %self.label,
             policy = policy_label(policy),
-            route,
+            route = route(),
             key = %format_args!("{:016x}", key_hash(key)),
             outcome,
             retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
