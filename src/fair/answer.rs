@@ -83,10 +83,10 @@ impl FairReplies {
             Some(v) => v.clone(),
             None => policy_value(&self.label, share),
         };
-        headers.append(&RATELIMIT_POLICY, policy);
+        headers.append(RATELIMIT_POLICY, policy);
         let reset = retry_after_secs(Duration::from_nanos(d.reset_after));
         headers.append(
-            &RATELIMIT,
+            RATELIMIT,
             rate_limit_item(&self.prefix, d.remaining, reset),
         );
     }

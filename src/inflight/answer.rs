@@ -100,8 +100,8 @@ impl InFlightReplies {
     /// Adds this limit's items to a response's `RateLimit-Policy` and `RateLimit` fields,
     /// beside those of other layers (appended, never replacing theirs).
     pub(crate) fn apply(&self, headers: &mut HeaderMap, remaining: u32) {
-        headers.append(&RATELIMIT_POLICY, self.policy.clone());
-        headers.append(&RATELIMIT, self.remaining_value(remaining));
+        headers.append(RATELIMIT_POLICY, self.policy.clone());
+        headers.append(RATELIMIT, self.remaining_value(remaining));
     }
 
     /// The refusal: `429`, `Retry-After: 1`, the fields with `r=0`, a problem body; for

@@ -19,11 +19,11 @@ use super::values::{
 };
 use crate::{decision::Decision, decision::Outcome, decision::MAX_LIMITS, policy::Policy};
 
-pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 pub(crate) const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 pub(crate) const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
@@ -137,19 +137,19 @@ impl ResponseHeaders {
     /// The legacy trio holds one limit: the one with the fewest units left wins.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some(p) = self.policy {
-            headers.append(&RATELIMIT_POLICY, p);
+            headers.append(RATELIMIT_POLICY, p);
         }
         if let Some(v) = self.rate_limit {
-            headers.append(&RATELIMIT, v);
+            headers.append(RATELIMIT, v);
         }
         if let Some(legacy) = self.legacy {
             let [limit, remaining, reset] = *legacy;
             let fewer = |v: &HeaderValue| v.to_str().ok()?.parse::<u64>().ok();
-            let theirs = headers.get(&X_REMAINING).and_then(fewer);
+            let theirs = headers.get(X_REMAINING).and_then(fewer);
             if theirs.is_none_or(|t| fewer(&remaining).is_some_and(|ours| ours < t)) {
-                headers.insert(&X_LIMIT, limit);
-                headers.insert(&X_REMAINING, remaining);
-                headers.insert(&X_RESET, reset);
+                headers.insert(X_LIMIT, limit);
+                headers.insert(X_REMAINING, remaining);
+                headers.insert(X_RESET, reset);
             }
         }
         if let Some(extra) = self.extra {
@@ -338,7 +338,7 @@ impl Fields {
                 headers.insert(RETRY_AFTER, seconds_value(secs));
             }
         }
-        if !headers.contains_key(&RATELIMIT) {
+        if !headers.contains_key(RATELIMIT) {
             self.headers(a, d, shadow).apply(headers);
         }
         response
@@ -475,8 +475,8 @@ fn denied_head(policy: &HeaderValue) -> HeaderMap {
     h.insert(CONTENT_TYPE, PROBLEM_JSON);
     h.insert(CACHE_CONTROL, NO_STORE);
     h.insert(RETRY_AFTER, blank.clone());
-    h.append(&RATELIMIT_POLICY, policy.clone());
-    h.append(&RATELIMIT, blank);
+    h.append(RATELIMIT_POLICY, policy.clone());
+    h.append(RATELIMIT, blank);
     debug_assert!(h.keys().nth(RETRY_AFTER_AT) == Some(&RETRY_AFTER));
     debug_assert!(h.keys().nth(RATELIMIT_AT) == Some(&RATELIMIT));
     h
