@@ -85,10 +85,11 @@ pub(crate) fn push_sha1_hex(out: &mut Vec<u8>, material: &[u8]) {
 /// formatting machinery (a `String` and a formatter call per byte).
 fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for &b in bytes {
-        out.push(HEX[usize::from(b >> 4)]);
-        out.push(HEX[usize::from(b & 15)]);
+    let start = out.len();
+    out.resize(start + 2 * bytes.len(), 0);
+    for (pair, &b) in out[start..].chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 15)];
     }
 }
 

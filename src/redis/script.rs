@@ -35,9 +35,15 @@ pub(crate) async fn run<C: ConnectionLike>(
 ) -> RedisResult<Vec<i64>> {
     match inv.cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            inv.script.load_async(conn).await?;
-            inv.cmd.query_async(conn).await
+            // Boxed: the load is rare, and the future of every call would carry its size.
+            Box::pin(reload(inv, conn)).await
         }
         r => r,
     }
+}
+
+/// Loads the script of `inv` and sends `inv` again.
+async fn reload<C: ConnectionLike>(inv: &Invocation, conn: &mut C) -> RedisResult<Vec<i64>> {
+    inv.script.load_async(conn).await?;
+    inv.cmd.query_async(conn).await
 }

@@ -4,7 +4,10 @@
 //! `gcra_decay.lua` (a GCRA state's fill as of now, written out inline, since a Lua
 //! function call per request would cost more) and a tail.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use ::redis::Script;
 
@@ -136,14 +139,16 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
 }
 
 /// One call of a decision script: what it is asked, and the limits it decides under.
+#[derive(Clone)]
 pub(super) struct Args {
     pub(super) mode: Mode,
     /// Units (a duration in ns for a ban).
     pub(super) cost: u64,
     /// The time to decide at (ns), instead of the server's `TIME`.
     pub(super) now_ns: Option<u64>,
-    /// The policy's limits, as [`limit_args`] gives them.
-    pub(super) limits: Vec<u64>,
+    /// The policy's limits, as [`limit_args`] gives them (shared: a store keeps its own
+    /// policy's).
+    pub(super) limits: Arc<[u64]>,
     /// Whether the general script decides even what the fast one could.
     pub(super) general: bool,
     /// A sync's floor: the state this instance holds for the key (see [`floor_args`]),

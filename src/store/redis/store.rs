@@ -1,10 +1,11 @@
 //! [`RedisStore`]: the shared store, deciding every request on Redis.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
-use super::batch::{self, Batcher, Call, Request};
+use super::batch::{self, Batcher, Call};
 use super::failure::FailurePolicy;
 use super::fallback::Fallback;
+use super::local_state::Unsynced;
 use super::negative::NegativeCache;
 use super::script::{self, Args, Mode};
 use crate::clock::Clock;
@@ -45,6 +46,8 @@ pub(super) struct Shared {
     pub(super) clock: Arc<dyn Clock>,
     /// Whether calls go through the connection's batcher.
     pub(super) batching: bool,
+    /// `policy`'s limits as script arguments.
+    pub(super) limits: Arc<[u64]>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -69,78 +72,83 @@ impl Shared {
         key: &[u8],
         mode: Mode,
         cost: u64,
-        limits: &[u64],
+        limits: Arc<[u64]>,
         general: bool,
         deadline: Duration,
     ) -> Result<Vec<i64>, StoreError> {
+        // Timed only for the operation histogram, which exists with the `metrics` feature.
+        #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
-        let result = self
-            .breaker
-            .call(
-                self.deadline,
-                deadline,
-                || {
-                    let request = Request {
-                        key: key.to_vec(),
-                        call: Call::Script(Args {
-                            mode,
-                            cost,
-                            now_ns: self.overrides.then(|| self.clock.now()),
-                            limits: limits.to_vec(),
-                            general,
-                            floor: Vec::new(),
-                        }),
-                    };
-                    self.send(request)
-                },
-                |state| self.metrics.breaker(state.gauge()),
-            )
-            .await;
-        // A refusal of the open breaker took no time.
-        let elapsed = match &result {
-            Err(StoreError::CircuitOpen) => 0.0,
-            _ => started.elapsed().as_secs_f64(),
+        let call = Call::Script(Args {
+            mode,
+            cost,
+            now_ns: self.overrides.then(|| self.clock.now()),
+            limits,
+            general,
+            floor: Vec::new(),
+        });
+        // The breaker's two steps around the call, rather than `Breaker::call`: one
+        // future less around every decision's.
+        let result = match self.breaker.enter() {
+            Some(entered) => {
+                let result = within(deadline, self.send(key, &call)).await;
+                if let Some(state) = entered.finish(self.deadline, deadline, &result) {
+                    self.metrics.breaker(state.gauge());
+                }
+                result
+            }
+            None => Err(StoreError::CircuitOpen),
         };
-        self.metrics.operation(elapsed, result.as_ref().err());
+        #[cfg(feature = "metrics")]
+        {
+            // A refusal of the open breaker took no time.
+            let elapsed = match &result {
+                Err(StoreError::CircuitOpen) => 0.0,
+                _ => started.elapsed().as_secs_f64(),
+            };
+            self.metrics.operation(elapsed, result.as_ref().err());
+        }
         result
     }
 
-    /// Sends one request, through the connection's batcher when batching.
-    async fn send(&self, request: Request) -> Result<Vec<i64>, StoreError> {
-        batch::request(&self.conn, &self.batcher, request, self.batching).await
+    /// Sends `call` on `key`, through the connection's batcher when batching.
+    fn send<'a>(
+        &'a self,
+        key: &'a [u8],
+        call: &'a Call,
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + 'a {
+        batch::request(&self.conn, &self.batcher, key, call, self.batching)
     }
 
     /// Deletes one key, under the deadline.
     async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        let request = Request {
-            key: key.to_vec(),
-            call: Call::Delete,
-        };
-        within(self.deadline, self.send(request)).await.map(|_| ())
+        within(self.deadline, self.send(key, &Call::Delete))
+            .await
+            .map(|_| ())
+    }
+
+    /// `policy`'s limits as script arguments: the store's own policy's, computed once,
+    /// for any policy with the same limits (they make the same arguments).
+    fn limits(&self, policy: &Policy) -> Result<Arc<[u64]>, ConfigError> {
+        let own = &self.policy;
+        if policy.shadow_mask() == own.shadow_mask()
+            && policy
+                .limits()
+                .iter()
+                .map(|l| &l.params)
+                .eq(own.limits().iter().map(|l| &l.params))
+        {
+            return Ok(self.limits.clone());
+        }
+        script::limit_args(policy).map(Arc::from)
     }
 
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
     /// (or when the fast one finds a state written under other limits: `batch::one` and
-    /// the batch script send it then, within the same call's deadline).
+    /// the batch script send it then, within the same call's deadline). The key is synced
+    /// first when the fallback decided it since Redis last answered for it (so that Redis
+    /// decides on a state that holds what was admitted meanwhile).
     async fn ask(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        mode: Mode,
-        cost: u64,
-        deadline: Duration,
-    ) -> Result<Decision, StoreError> {
-        let limits = script::limit_args(policy).map_err(StoreError::backend)?;
-        let reply = self
-            .guarded_call(key, mode, cost, &limits, false, deadline)
-            .await?;
-        script::decode_decision(&reply, policy, cost)
-    }
-
-    /// [`Shared::ask`], after syncing the key first when the fallback decided it since
-    /// Redis last answered for it (so that Redis decides on a state that holds what was
-    /// admitted meanwhile).
-    async fn ask_synced(
         &self,
         key: &[u8],
         policy: &Policy,
@@ -153,25 +161,43 @@ impl Shared {
             .as_ref()
             .and_then(|fb| fb.take(key).map(|u| (fb, u)))
         {
-            let started = tokio::time::Instant::now();
-            self.breaker
-                .call(
-                    self.deadline,
-                    deadline,
-                    || fb.sync(unsynced),
-                    |state| self.metrics.breaker(state.gauge()),
-                )
-                .await?;
-            deadline = deadline.saturating_sub(started.elapsed());
-            if deadline.is_zero() {
-                return Err(StoreError::Timeout(self.deadline));
-            }
+            // Boxed: only a key decided by the fallback takes this path, and every
+            // decision's future would otherwise carry the sync's.
+            deadline = Box::pin(self.sync_first(fb, unsynced, deadline)).await?;
         }
-        self.ask(key, policy, mode, cost, deadline).await
+        let limits = self.limits(policy).map_err(StoreError::backend)?;
+        let reply = self
+            .guarded_call(key, mode, cost, limits, false, deadline)
+            .await?;
+        script::decode_decision(&reply, policy, cost)
+    }
+
+    /// Syncs a key the fallback decided, under the breaker and `deadline`; the time left
+    /// of `deadline` after it.
+    async fn sync_first(
+        &self,
+        fb: &Fallback,
+        unsynced: Unsynced,
+        deadline: Duration,
+    ) -> Result<Duration, StoreError> {
+        let started = tokio::time::Instant::now();
+        self.breaker
+            .call(
+                self.deadline,
+                deadline,
+                || fb.sync(unsynced),
+                |state| self.metrics.breaker(state.gauge()),
+            )
+            .await?;
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(StoreError::Timeout(self.deadline));
+        }
+        Ok(left)
     }
 
     async fn decide(
-        &self,
+        self: Arc<Self>,
         key: Vec<u8>,
         policy: Policy,
         mode: Mode,
@@ -185,15 +211,15 @@ impl Shared {
         let deadline = budget
             .as_ref()
             .map_or(self.deadline, |b| b.allow(self.deadline));
-        let started = tokio::time::Instant::now();
+        let started = budget.as_ref().map(|_| tokio::time::Instant::now());
         let result = if deadline.is_zero() {
             // The request spent its budget on an earlier layer's call: no call, and no
             // failure of Redis's counted.
             Err(StoreError::Timeout(self.deadline))
         } else {
-            self.ask_synced(&key, &policy, mode, cost, deadline).await
+            self.ask(&key, &policy, mode, cost, deadline).await
         };
-        if let Some(b) = &budget {
+        if let (Some(b), Some(started)) = (&budget, started) {
             b.spend(started.elapsed());
         }
         match result {
@@ -312,11 +338,11 @@ impl RedisStore {
         if let Some(n) = &self.inner.negative {
             n.remove(&k);
         }
-        let limits = script::limit_args(policy).map_err(StoreError::backend);
+        let limits = self.inner.limits(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
             shared
-                .guarded_call(&k, mode, units, &limits?, true, shared.deadline)
+                .guarded_call(&k, mode, units, limits?, true, shared.deadline)
                 .await
                 .map(|_| ())
         })
@@ -334,9 +360,12 @@ impl RedisStore {
         if let Some(fleet) = &self.inner.fleet {
             fleet.start();
         }
-        let (shared, policy) = (self.inner.clone(), policy.clone());
         let budget = current_budget();
-        CheckFuture::boxed(async move { shared.decide(key, policy, mode, cost, budget).await })
+        CheckFuture::boxed(
+            self.inner
+                .clone()
+                .decide(key, policy.clone(), mode, cost, budget),
+        )
     }
 }
 
