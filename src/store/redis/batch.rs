@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::oneshot;
 
-use super::script::{self, Args};
+use super::script::{self, Args, Ints};
 use crate::error::StoreError;
 use crate::redis::{run, Conn, Invocation, RedisConnection};
 
@@ -262,7 +262,7 @@ async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply 
     let backend = StoreError::backend;
     match call {
         Call::Script(args) => {
-            let reply = run(&args.invocation(key, args.general), conn)
+            let Ints(reply) = run(&args.invocation(key, args.general), conn)
                 .await
                 .map_err(backend)?;
             if reply == [3] && !args.general {
@@ -325,7 +325,7 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
         }
     }
     cmd.arg(records);
-    let flat = run(&Invocation { script, cmd }, conn)
+    let flat: Vec<i64> = run(&Invocation { script, cmd }, conn)
         .await
         .map_err(StoreError::backend)?;
     Ok(split(&flat, items.len()))

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use ::redis::Script;
+use ::redis::{FromRedisValue, ParsingError, Script, Value};
 
 use crate::algorithm::{Params, MAX_WORDS};
 use crate::decision::MAX_LIMITS;
@@ -169,19 +169,25 @@ impl Args {
         };
         let mut cmd =
             ::redis::Cmd::with_capacity(10 + limits.len(), 96 + key.len() + 8 * limits.len());
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(self.mode as u8)
-            .arg(self.cost.min(MAX_COST));
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+        let cost = self.cost.min(MAX_COST);
         if let Some((t, cap)) = fast {
-            cmd.arg(t).arg(cap);
+            // See gcra_head.lua: one argument of four doubles (every value an integer below
+            // 2^53, exact).
+            let mut packed = [0u8; 32];
+            for (slot, x) in packed
+                .chunks_exact_mut(8)
+                .zip([self.mode as u64, cost, t, cap])
+            {
+                slot.copy_from_slice(&(x as f64).to_le_bytes());
+            }
+            cmd.arg(&packed[..]);
             if let Some(ns) = now_ns {
                 cmd.arg(ns / 1000).arg(SLACK_MS);
             }
             return Invocation { script, cmd };
         }
+        cmd.arg(self.mode as u8).arg(cost);
         general_tail(&mut cmd, now_ns, limits);
         for a in &self.floor {
             cmd.arg(*a);
@@ -286,6 +292,21 @@ fn fast_gcra(limits: &[u64]) -> Option<(u64, u64)> {
     match limits {
         [_shadow, 1, 1, t, _tau, cap, _free] => Some((*t, *cap)),
         _ => None,
+    }
+}
+
+/// A decision script's reply: an array of integers as it is, or the fast script's single
+/// integer `fill * 4 + code` (see `gcra_head.lua`) as `[code, fill]`, its call for the
+/// general script (3) as `[3]`.
+pub(super) struct Ints(pub(super) Vec<i64>);
+
+impl FromRedisValue for Ints {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(3) => Ok(Ints(vec![3])),
+            Value::Int(n) if n >= 0 => Ok(Ints(vec![n & 3, n >> 2])),
+            v => Vec::<i64>::from_redis_value(v).map(Ints),
+        }
     }
 }
 
