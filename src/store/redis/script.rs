@@ -436,3 +436,26 @@ pub(super) fn decode_sync(
     }
     Ok((now_ns, out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_scripts_one_integer_is_code_and_fill() {
+        let ints = |v: Value| Ints::from_redis_value(v).map(|i| i.0).unwrap();
+        assert_eq!(ints(Value::Int(0)), [0, 0]);
+        assert_eq!(ints(Value::Int(4 * 7 + 1)), [1, 7]);
+        assert_eq!(
+            ints(Value::Int(4 * ((1 << 51) - 1) + 2)),
+            [2, (1 << 51) - 1]
+        );
+        assert_eq!(ints(Value::Int(3)), [3], "the general script's turn");
+        // The long form, and every other script's reply, as it is.
+        assert_eq!(
+            ints(Value::Array(vec![Value::Int(1), Value::Int(1 << 52)])),
+            [1, 1 << 52]
+        );
+        assert!(Ints::from_redis_value(Value::Int(-4)).is_err());
+    }
+}
