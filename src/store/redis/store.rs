@@ -65,28 +65,30 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Shared {
-    /// One script call under `deadline` (the store's, or less: a request's budget) and
-    /// the breaker.
-    async fn guarded_call(
-        &self,
-        key: &[u8],
-        mode: Mode,
-        cost: u64,
-        limits: Arc<[u64]>,
-        general: bool,
-        deadline: Duration,
-    ) -> Result<Vec<i64>, StoreError> {
-        // Timed only for the operation histogram, which exists with the `metrics` feature.
-        #[cfg(feature = "metrics")]
-        let started = std::time::Instant::now();
-        let call = Call::Script(Args {
+    /// A script call: `mode` with `cost` under `limits`, through the general script
+    /// when `general`, at the store clock's time when it overrides the server's.
+    fn script_call(&self, mode: Mode, cost: u64, limits: Arc<[u64]>, general: bool) -> Call {
+        Call::Script(Args {
             mode,
             cost,
             now_ns: self.overrides.then(|| self.clock.now()),
             limits,
             general,
             floor: Vec::new(),
-        });
+        })
+    }
+
+    /// One call on `key` under `deadline` (the store's, or less: a request's budget) and
+    /// the breaker.
+    async fn guarded_call(
+        &self,
+        key: &[u8],
+        call: Call,
+        deadline: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
+        // Timed only for the operation histogram, which exists with the `metrics` feature.
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
         // The breaker's two steps around the call, rather than `Breaker::call`: one
         // future less around every decision's.
         let result = match self.breaker.enter() {
@@ -143,35 +145,6 @@ impl Shared {
         script::limit_args(policy).map(Arc::from)
     }
 
-    /// One decision: the fast script for a single GCRA limit, the general one otherwise
-    /// (or when the fast one finds a state written under other limits: `batch::one` and
-    /// the batch script send it then, within the same call's deadline). The key is synced
-    /// first when the fallback decided it since Redis last answered for it (so that Redis
-    /// decides on a state that holds what was admitted meanwhile).
-    async fn ask(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        mode: Mode,
-        cost: u64,
-        mut deadline: Duration,
-    ) -> Result<Decision, StoreError> {
-        if let Some((fb, unsynced)) = self
-            .fallback
-            .as_ref()
-            .and_then(|fb| fb.take(key).map(|u| (fb, u)))
-        {
-            // Boxed: only a key decided by the fallback takes this path, and every
-            // decision's future would otherwise carry the sync's.
-            deadline = Box::pin(self.sync_first(fb, unsynced, deadline)).await?;
-        }
-        let limits = self.limits(policy).map_err(StoreError::backend)?;
-        let reply = self
-            .guarded_call(key, mode, cost, limits, false, deadline)
-            .await?;
-        script::decode_decision(&reply, policy, cost)
-    }
-
     /// Syncs a key the fallback decided, under the breaker and `deadline`; the time left
     /// of `deadline` after it.
     async fn sync_first(
@@ -196,6 +169,12 @@ impl Shared {
         Ok(left)
     }
 
+    /// One decision: the fast script for a single GCRA limit, the general one otherwise
+    /// (or when the fast one finds a state written under other limits: `batch::one` and
+    /// the batch script send it then, within the same call's deadline), or the failure
+    /// policy's. The key is synced first when the fallback decided it since Redis last
+    /// answered for it (so that Redis decides on a state that holds what was admitted
+    /// meanwhile).
     async fn decide(
         self: Arc<Self>,
         key: Vec<u8>,
@@ -212,12 +191,34 @@ impl Shared {
             .as_ref()
             .map_or(self.deadline, |b| b.allow(self.deadline));
         let started = budget.as_ref().map(|_| tokio::time::Instant::now());
-        let result = if deadline.is_zero() {
-            // The request spent its budget on an earlier layer's call: no call, and no
-            // failure of Redis's counted.
-            Err(StoreError::Timeout(self.deadline))
-        } else {
-            self.ask(&key, &policy, mode, cost, deadline).await
+        // One async function for the whole decision: each one nested would hold its own
+        // copies of the arguments in the future every decision moves into its box.
+        let result = 'ask: {
+            if deadline.is_zero() {
+                // The request spent its budget on an earlier layer's call: no call, and no
+                // failure of Redis's counted.
+                break 'ask Err(StoreError::Timeout(self.deadline));
+            }
+            let mut deadline = deadline;
+            if let Some((fb, unsynced)) = self
+                .fallback
+                .as_ref()
+                .and_then(|fb| fb.take(&key).map(|u| (fb, u)))
+            {
+                // Boxed: only a key decided by the fallback takes this path, and every
+                // decision's future would otherwise carry the sync's.
+                match Box::pin(self.sync_first(fb, unsynced, deadline)).await {
+                    Ok(left) => deadline = left,
+                    Err(e) => break 'ask Err(e),
+                }
+            }
+            let call = match self.limits(&policy) {
+                Ok(limits) => self.script_call(mode, cost, limits, false),
+                Err(e) => break 'ask Err(StoreError::backend(e)),
+            };
+            self.guarded_call(&key, call, deadline)
+                .await
+                .and_then(|reply| script::decode_decision(&reply, &policy, cost))
         };
         if let (Some(b), Some(started)) = (&budget, started) {
             b.spend(started.elapsed());
@@ -341,8 +342,9 @@ impl RedisStore {
         let limits = self.inner.limits(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
+            let call = shared.script_call(mode, units, limits?, true);
             shared
-                .guarded_call(&k, mode, units, limits?, true, shared.deadline)
+                .guarded_call(&k, call, shared.deadline)
                 .await
                 .map(|_| ())
         })
@@ -420,5 +422,28 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {
         self.update(key, policy, Mode::Refund, cost)
             .detach("a refund");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns.
+    fn future_size<A, F: Future>(_: impl FnOnce(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every decision's future is moved whole into its box: the rare paths (the
+    /// fallback's sync, the script's reload, the general script's retry) are boxed apart,
+    /// and the layers do not each hold the call or its arguments, so that it stays small
+    /// (the bound leaves room for the compiler's layout to drift; a path held inline
+    /// again would pass it).
+    #[test]
+    fn a_decisions_future_stays_small() {
+        let policy =
+            Policy::new(crate::Limit::token_bucket(crate::Quota::per_second(1).unwrap()).unwrap());
+        let size = future_size(|s: Arc<Shared>| s.decide(Vec::new(), policy, Mode::Check, 1, None));
+        assert!(size <= 1536, "{size} bytes");
     }
 }
