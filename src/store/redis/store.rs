@@ -101,15 +101,15 @@ impl Shared {
             }
             None => Err(StoreError::CircuitOpen),
         };
+        // A refusal of the open breaker took no time.
         #[cfg(feature = "metrics")]
-        {
-            // A refusal of the open breaker took no time.
-            let elapsed = match &result {
-                Err(StoreError::CircuitOpen) => 0.0,
-                _ => started.elapsed().as_secs_f64(),
-            };
-            self.metrics.operation(elapsed, result.as_ref().err());
-        }
+        let elapsed = match &result {
+            Err(StoreError::CircuitOpen) => 0.0,
+            _ => started.elapsed().as_secs_f64(),
+        };
+        #[cfg(not(feature = "metrics"))]
+        let elapsed = 0.0;
+        self.metrics.operation(elapsed, result.as_ref().err());
         result
     }
 
