@@ -113,8 +113,8 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends `request` at once, from the caller's task, when nothing is in flight;
-    /// otherwise queues it for the next batch.
+    /// Sends `call` on `key` at once, from the caller's task, when nothing is in flight;
+    /// otherwise queues a copy of both for the next batch.
     async fn submit(self: &Arc<Self>, conn: &ConnectionManager, key: &[u8], call: &Call) -> Reply {
         let queued = {
             let mut state = self.state();
