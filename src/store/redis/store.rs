@@ -441,8 +441,10 @@ mod tests {
     /// again would pass it).
     #[test]
     fn a_decisions_future_stays_small() {
-        let policy =
-            Policy::new(crate::Limit::token_bucket(crate::Quota::per_second(1).unwrap()).unwrap());
+        let policy = Policy::new(
+            crate::algorithm::Limit::token_bucket(crate::quota::Quota::per_second(1).unwrap())
+                .unwrap(),
+        );
         let size = future_size(|s: Arc<Shared>| s.decide(Vec::new(), policy, Mode::Check, 1, None));
         assert!(size <= 1536, "{size} bytes");
     }
