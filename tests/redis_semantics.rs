@@ -164,8 +164,8 @@ fn costs_of_zero_and_syncs_on_a_state_in_debt_match_memory() {
     });
 }
 
-/// A fill of 2^51 ns or more (after a ban of about 30 days): the batch script's fast
-/// replies travel in their long form (two values) then; checks admitted, refused and past
+/// A fill of 2^51 ns or more (after a ban of about 30 days): the fast replies of the batch
+/// script and of the fast script travel in their long form (two values) then; checks admitted, refused and past
 /// the burst, a cost of zero and peeks, decided in one batch behind the ban, still match
 /// the in-memory store.
 #[test]
@@ -191,6 +191,10 @@ fn fills_past_2_pow_51_through_batches_match_memory() {
         let mut ops = vec![(0, 1, 0, 0), (0, 1, 0, 0), ban];
         ops.extend(after);
         compare_concurrent(&conn, std::slice::from_ref(&bucket), t0, &ops, 16)
+            .await
+            .unwrap();
+        // One call at a time: the fast script's own long form ({code, fill}).
+        compare(&conn, std::slice::from_ref(&bucket), t0, &ops)
             .await
             .unwrap();
         // The same behind a short fill in the same batch, on a state a fast charge wrote.

@@ -110,28 +110,26 @@ impl Breaker {
     where
         F: Future<Output = Result<T, StoreError>>,
     {
-        let Some(permit) = self.permit() else {
+        let Some(entered) = self.enter() else {
             return Err(StoreError::CircuitOpen);
         };
-        let mut guard = PermitGuard {
-            breaker: self,
-            permit,
-            done: false,
-        };
         let result = within(deadline, make()).await;
-        if deadline < own && matches!(result, Err(StoreError::Timeout(_))) {
-            // Dropping the guard gives a probe's permit back.
-            return result;
-        }
-        guard.done = true;
-        let change = match &result {
-            Ok(_) => self.success(permit),
-            Err(e) => self.failure(permit, e),
-        };
-        if let Some(state) = change {
+        if let Some(state) = entered.finish(own, deadline, &result) {
             changed(state);
         }
         result
+    }
+
+    /// [`Breaker::call`] in two steps, for a caller that makes the call itself: the
+    /// permit to make it (`None` while the breaker is open), then
+    /// [`Entered::finish`] with its result.
+    pub(crate) fn enter(&self) -> Option<Entered<'_>> {
+        let permit = self.permit()?;
+        Some(Entered(PermitGuard {
+            breaker: self,
+            permit,
+            done: false,
+        }))
     }
 
     /// Whether the cooldown since `opened_at` has passed.
@@ -234,6 +232,32 @@ impl Breaker {
             "circuit breaker opened: Redis is not called until the cooldown has passed"
         );
         Some(BreakerState::Open)
+    }
+}
+
+/// A call let through by [`Breaker::enter`]; dropped without
+/// [`finish`](Entered::finish) (the call was dropped), it gives a probe's permit back.
+pub(crate) struct Entered<'a>(PermitGuard<'a>);
+
+impl Entered<'_> {
+    /// Counts the call's `result` (made under `deadline`, the store's own being `own`, as
+    /// in [`Breaker::call`]); the state it moved the breaker to, if it did.
+    pub(crate) fn finish<T>(
+        mut self,
+        own: Duration,
+        deadline: Duration,
+        result: &Result<T, StoreError>,
+    ) -> Option<BreakerState> {
+        if deadline < own && matches!(result, Err(StoreError::Timeout(_))) {
+            // Dropping the guard gives a probe's permit back.
+            return None;
+        }
+        self.0.done = true;
+        let (breaker, permit) = (self.0.breaker, self.0.permit);
+        match result {
+            Ok(_) => breaker.success(permit),
+            Err(e) => breaker.failure(permit, e),
+        }
     }
 }
 

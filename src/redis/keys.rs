@@ -81,15 +81,26 @@ pub(crate) fn push_sha1_hex(out: &mut Vec<u8>, material: &[u8]) {
     push_hex(out, &sha1_smol::Sha1::from(material).digest().bytes());
 }
 
-/// Appends `bytes` in lowercase hex: what a digest's `Display` writes, without the
-/// formatting machinery (a `String` and a formatter call per byte).
-fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+/// Each byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for &b in bytes {
-        out.push(HEX[usize::from(b >> 4)]);
-        out.push(HEX[usize::from(b & 15)]);
+    let mut pairs = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        pairs[i] = [HEX[i >> 4], HEX[i & 15]];
+        i += 1;
     }
+    pairs
+};
+
+/// Appends a SHA-1 digest in lowercase hex: what the digest's `Display` writes, without the
+/// formatting machinery (a `String` and a formatter call per byte).
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8; 20]) {
+    let mut hex = [0u8; 40];
+    for (pair, &b) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(b)]);
+    }
+    out.extend_from_slice(&hex);
 }
 
 #[cfg(test)]

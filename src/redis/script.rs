@@ -1,7 +1,9 @@
 //! Lua scripts on Redis: one call ready to send, sent by `EVALSHA` and loaded again when
 //! the server has lost it.
 
-use ::redis::{aio::ConnectionLike, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
+use ::redis::{
+    aio::ConnectionLike, Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind,
+};
 
 /// One script call, ready to send: the script (for loading it again after a `NOSCRIPT`)
 /// and its `EVALSHA` command, built straight into one buffer (redis-rs's
@@ -29,15 +31,24 @@ impl Invocation {
 
 /// Runs one invocation on `conn`; a server that lost its scripts (`NOSCRIPT`: restarted,
 /// or `SCRIPT FLUSH`) gets the script loaded again and the call repeated once.
-pub(crate) async fn run<C: ConnectionLike>(
+pub(crate) async fn run<T: FromRedisValue, C: ConnectionLike>(
     inv: &Invocation,
     conn: &mut C,
-) -> RedisResult<Vec<i64>> {
+) -> RedisResult<T> {
     match inv.cmd.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            inv.script.load_async(conn).await?;
-            inv.cmd.query_async(conn).await
+            // Boxed: the load is rare, and the future of every call would carry its size.
+            Box::pin(reload(inv, conn)).await
         }
         r => r,
     }
+}
+
+/// Loads the script of `inv` and sends `inv` again.
+async fn reload<T: FromRedisValue, C: ConnectionLike>(
+    inv: &Invocation,
+    conn: &mut C,
+) -> RedisResult<T> {
+    inv.script.load_async(conn).await?;
+    inv.cmd.query_async(conn).await
 }

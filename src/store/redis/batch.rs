@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::oneshot;
 
-use super::script::{self, Args};
+use super::script::{self, Args, Ints};
 use crate::error::StoreError;
 use crate::redis::{run, Conn, Invocation, RedisConnection};
 
@@ -43,6 +43,7 @@ const _: () = assert!(MAX_BATCH < 256);
 const SECOND_CALL_AT: usize = 32;
 
 /// What one request asks of Redis.
+#[derive(Clone)]
 pub(super) enum Call {
     /// A script call.
     Script(Args),
@@ -58,18 +59,20 @@ pub(super) struct Request {
 
 type Reply = Result<Vec<i64>, StoreError>;
 
-/// Sends one request of a store on `conn`: through the connection's batcher when
-/// `batching` and the connection is to a single node, as its own call otherwise.
+/// Sends `call` on `key` for a store on `conn`: through the connection's batcher when
+/// `batching` and the connection is to a single node, as its own call otherwise. Both
+/// are borrowed: a request copies them only when it queues.
 pub(super) async fn request(
     conn: &RedisConnection,
     batcher: &Arc<Batcher>,
-    request: Request,
+    key: &[u8],
+    call: &Call,
     batching: bool,
 ) -> Reply {
     match conn.conn() {
-        Conn::Single(c) if batching => batcher.submit(c, request).await,
-        Conn::Single(c) => one(&mut c.clone(), &request).await,
-        Conn::Cluster(c) => one(&mut c.clone(), &request).await,
+        Conn::Single(c) if batching => batcher.submit(c, key, call).await,
+        Conn::Single(c) => one(&mut c.clone(), key, call).await,
+        Conn::Cluster(c) => one(&mut c.clone(), key, call).await,
     }
 }
 
@@ -110,9 +113,9 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends `request` at once, from the caller's task, when nothing is in flight;
-    /// otherwise queues it for the next batch.
-    async fn submit(self: &Arc<Self>, conn: &ConnectionManager, request: Request) -> Reply {
+    /// Sends `call` on `key` at once, from the caller's task, when nothing is in flight;
+    /// otherwise queues a copy of both for the next batch.
+    async fn submit(self: &Arc<Self>, conn: &ConnectionManager, key: &[u8], call: &Call) -> Reply {
         let queued = {
             let mut state = self.state();
             if state.calls > 0 {
@@ -122,31 +125,32 @@ impl Batcher {
                     state.queue.retain(|p| !p.reply.is_closed());
                 }
                 let (tx, rx) = oneshot::channel();
+                let request = Request {
+                    key: key.to_vec(),
+                    call: call.clone(),
+                };
                 state.queue.push_back(Pending { request, reply: tx });
                 if state.may_launch() {
                     self.launch(&mut state, conn);
                 }
-                Ok(rx)
+                Some(rx)
             } else {
                 state.calls = 1;
                 state.alone = true;
-                Err(request)
+                None
             }
         };
-        let request = match queued {
-            Ok(rx) => {
-                return rx
-                    .await
-                    .unwrap_or_else(|_| Err(StoreError::backend("the batching task stopped")))
-            }
-            Err(request) => request,
-        };
+        if let Some(rx) = queued {
+            return rx
+                .await
+                .unwrap_or_else(|_| Err(StoreError::backend("the batching task stopped")));
+        }
         let mut hand_off = HandOff {
             batcher: self,
             conn,
             done: false,
         };
-        let reply = one(&mut conn.clone(), &request).await;
+        let reply = one(&mut conn.clone(), key, call).await;
         hand_off.done = true;
         self.finished(conn);
         reply
@@ -254,21 +258,25 @@ fn short() -> StoreError {
 /// A request on its own: the plain script call (and, when the fast script finds a state
 /// written under other limits, the general one right after it), or a `DEL`. Also how an
 /// unbatched store sends every request.
-async fn one<C: ConnectionLike>(conn: &mut C, request: &Request) -> Reply {
+async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply {
     let backend = StoreError::backend;
-    match &request.call {
+    match call {
         Call::Script(args) => {
-            let inv = args.invocation(&request.key, args.general);
-            let reply = run(&inv, conn).await.map_err(backend)?;
+            let Ints(reply) = run(&args.invocation(key, args.general), conn)
+                .await
+                .map_err(backend)?;
             if reply == [3] && !args.general {
-                let inv = args.invocation(&request.key, true);
-                return run(&inv, conn).await.map_err(backend);
+                // Boxed: rare (a state written under other limits), and every call's
+                // future would carry a second invocation.
+                return Box::pin(async { run(&args.invocation(key, true), conn).await })
+                    .await
+                    .map_err(backend);
             }
             Ok(reply)
         }
         Call::Delete => {
             let mut cmd = ::redis::cmd("DEL");
-            cmd.arg(&request.key);
+            cmd.arg(key);
             cmd.query_async::<i64>(conn).await.map_err(backend)?;
             Ok(Vec::new())
         }
@@ -317,7 +325,7 @@ async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Re
         }
     }
     cmd.arg(records);
-    let flat = run(&Invocation { script, cmd }, conn)
+    let flat: Vec<i64> = run(&Invocation { script, cmd }, conn)
         .await
         .map_err(StoreError::backend)?;
     Ok(split(&flat, items.len()))

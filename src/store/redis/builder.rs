@@ -143,8 +143,10 @@ impl RedisBuilder<ForRedisStore> {
             }
             None => None,
         };
+        let limits = script::limit_args(&self.own.policy)?.into();
         Ok(RedisStore {
             inner: Arc::new(Shared {
+                limits,
                 batcher: conn.attached(),
                 conn,
                 names,

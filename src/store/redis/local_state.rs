@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use super::batch::{self, Batcher, Call, Request};
+use super::batch::{self, Batcher, Call};
 use super::failure::Share;
 use super::script::{Args, Mode};
 use crate::{
@@ -284,17 +284,14 @@ impl Shared {
             mode,
             cost: units,
             now_ns: self.overrides.then(|| self.clock.now()),
-            limits,
+            limits: limits.into(),
             general: true,
             floor,
         };
         match &self.batcher {
             Some(batcher) if args.floor.is_empty() => {
-                let request = Request {
-                    key: key.to_vec(),
-                    call: Call::Script(args),
-                };
-                self.in_time(batch::request(&self.conn, batcher, request, true))
+                let call = Call::Script(args);
+                self.in_time(batch::request(&self.conn, batcher, key, &call, true))
                     .await
             }
             _ => {

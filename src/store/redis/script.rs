@@ -4,9 +4,12 @@
 //! `gcra_decay.lua` (a GCRA state's fill as of now, written out inline, since a Lua
 //! function call per request would cost more) and a tail.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
-use ::redis::Script;
+use ::redis::{FromRedisValue, ParsingError, Script, Value};
 
 use crate::algorithm::{Params, MAX_WORDS};
 use crate::decision::MAX_LIMITS;
@@ -136,14 +139,16 @@ pub(super) fn limit_args(policy: &Policy) -> Result<Vec<u64>, ConfigError> {
 }
 
 /// One call of a decision script: what it is asked, and the limits it decides under.
+#[derive(Clone)]
 pub(super) struct Args {
     pub(super) mode: Mode,
     /// Units (a duration in ns for a ban).
     pub(super) cost: u64,
     /// The time to decide at (ns), instead of the server's `TIME`.
     pub(super) now_ns: Option<u64>,
-    /// The policy's limits, as [`limit_args`] gives them.
-    pub(super) limits: Vec<u64>,
+    /// The policy's limits, as [`limit_args`] gives them (shared: a store keeps its own
+    /// policy's).
+    pub(super) limits: Arc<[u64]>,
     /// Whether the general script decides even what the fast one could.
     pub(super) general: bool,
     /// A sync's floor: the state this instance holds for the key (see [`floor_args`]),
@@ -164,19 +169,25 @@ impl Args {
         };
         let mut cmd =
             ::redis::Cmd::with_capacity(10 + limits.len(), 96 + key.len() + 8 * limits.len());
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(self.mode as u8)
-            .arg(self.cost.min(MAX_COST));
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(key);
+        let cost = self.cost.min(MAX_COST);
         if let Some((t, cap)) = fast {
-            cmd.arg(t).arg(cap);
+            // See gcra_head.lua: one argument of four doubles (every value an integer below
+            // 2^53, exact).
+            let mut packed = [0u8; 32];
+            for (slot, x) in packed
+                .chunks_exact_mut(8)
+                .zip([self.mode as u64, cost, t, cap])
+            {
+                slot.copy_from_slice(&(x as f64).to_le_bytes());
+            }
+            cmd.arg(&packed[..]);
             if let Some(ns) = now_ns {
                 cmd.arg(ns / 1000).arg(SLACK_MS);
             }
             return Invocation { script, cmd };
         }
+        cmd.arg(self.mode as u8).arg(cost);
         general_tail(&mut cmd, now_ns, limits);
         for a in &self.floor {
             cmd.arg(*a);
@@ -281,6 +292,21 @@ fn fast_gcra(limits: &[u64]) -> Option<(u64, u64)> {
     match limits {
         [_shadow, 1, 1, t, _tau, cap, _free] => Some((*t, *cap)),
         _ => None,
+    }
+}
+
+/// A decision script's reply: an array of integers as it is, or the fast script's single
+/// integer `fill * 4 + code` (see `gcra_head.lua`) as `[code, fill]`, its call for the
+/// general script (3) as `[3]`.
+pub(super) struct Ints(pub(super) Vec<i64>);
+
+impl FromRedisValue for Ints {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(3) => Ok(Ints(vec![3])),
+            Value::Int(n) if n >= 0 => Ok(Ints(vec![n & 3, n >> 2])),
+            v => Vec::<i64>::from_redis_value(v).map(Ints),
+        }
     }
 }
 
@@ -409,4 +435,27 @@ pub(super) fn decode_sync(
         }
     }
     Ok((now_ns, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_scripts_one_integer_is_code_and_fill() {
+        let ints = |v: Value| Ints::from_redis_value(v).map(|i| i.0).unwrap();
+        assert_eq!(ints(Value::Int(0)), [0, 0]);
+        assert_eq!(ints(Value::Int(4 * 7 + 1)), [1, 7]);
+        assert_eq!(
+            ints(Value::Int(4 * ((1 << 51) - 1) + 2)),
+            [2, (1 << 51) - 1]
+        );
+        assert_eq!(ints(Value::Int(3)), [3], "the general script's turn");
+        // The long form, and every other script's reply, as it is.
+        assert_eq!(
+            ints(Value::Array(vec![Value::Int(1), Value::Int(1 << 52)])),
+            [1, 1 << 52]
+        );
+        assert!(Ints::from_redis_value(Value::Int(-4)).is_err());
+    }
 }

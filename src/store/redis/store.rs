@@ -1,10 +1,11 @@
 //! [`RedisStore`]: the shared store, deciding every request on Redis.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
-use super::batch::{self, Batcher, Call, Request};
+use super::batch::{self, Batcher, Call};
 use super::failure::FailurePolicy;
 use super::fallback::Fallback;
+use super::local_state::Unsynced;
 use super::negative::NegativeCache;
 use super::script::{self, Args, Mode};
 use crate::clock::Clock;
@@ -45,6 +46,8 @@ pub(super) struct Shared {
     pub(super) clock: Arc<dyn Clock>,
     /// Whether calls go through the connection's batcher.
     pub(super) batching: bool,
+    /// `policy`'s limits as script arguments.
+    pub(super) limits: Arc<[u64]>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -62,116 +65,118 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Shared {
-    /// One script call under `deadline` (the store's, or less: a request's budget) and
+    /// A script call: `mode` with `cost` under `limits`, through the general script
+    /// when `general`, at the store clock's time when it overrides the server's.
+    fn script_call(&self, mode: Mode, cost: u64, limits: Arc<[u64]>, general: bool) -> Call {
+        Call::Script(Args {
+            mode,
+            cost,
+            now_ns: self.overrides.then(|| self.clock.now()),
+            limits,
+            general,
+            floor: Vec::new(),
+        })
+    }
+
+    /// One call on `key` under `deadline` (the store's, or less: a request's budget) and
     /// the breaker.
     async fn guarded_call(
         &self,
         key: &[u8],
-        mode: Mode,
-        cost: u64,
-        limits: &[u64],
-        general: bool,
+        call: Call,
         deadline: Duration,
     ) -> Result<Vec<i64>, StoreError> {
+        // Timed only for the operation histogram, which exists with the `metrics` feature.
+        #[cfg(feature = "metrics")]
         let started = std::time::Instant::now();
-        let result = self
-            .breaker
-            .call(
-                self.deadline,
-                deadline,
-                || {
-                    let request = Request {
-                        key: key.to_vec(),
-                        call: Call::Script(Args {
-                            mode,
-                            cost,
-                            now_ns: self.overrides.then(|| self.clock.now()),
-                            limits: limits.to_vec(),
-                            general,
-                            floor: Vec::new(),
-                        }),
-                    };
-                    self.send(request)
-                },
-                |state| self.metrics.breaker(state.gauge()),
-            )
-            .await;
+        // The breaker's two steps around the call, rather than `Breaker::call`: one
+        // future less around every decision's.
+        let result = match self.breaker.enter() {
+            Some(entered) => {
+                let result = within(deadline, self.send(key, &call)).await;
+                if let Some(state) = entered.finish(self.deadline, deadline, &result) {
+                    self.metrics.breaker(state.gauge());
+                }
+                result
+            }
+            None => Err(StoreError::CircuitOpen),
+        };
         // A refusal of the open breaker took no time.
+        #[cfg(feature = "metrics")]
         let elapsed = match &result {
             Err(StoreError::CircuitOpen) => 0.0,
             _ => started.elapsed().as_secs_f64(),
         };
+        #[cfg(not(feature = "metrics"))]
+        let elapsed = 0.0;
         self.metrics.operation(elapsed, result.as_ref().err());
         result
     }
 
-    /// Sends one request, through the connection's batcher when batching.
-    async fn send(&self, request: Request) -> Result<Vec<i64>, StoreError> {
-        batch::request(&self.conn, &self.batcher, request, self.batching).await
+    /// Sends `call` on `key`, through the connection's batcher when batching.
+    fn send<'a>(
+        &'a self,
+        key: &'a [u8],
+        call: &'a Call,
+    ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + 'a {
+        batch::request(&self.conn, &self.batcher, key, call, self.batching)
     }
 
     /// Deletes one key, under the deadline.
     async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        let request = Request {
-            key: key.to_vec(),
-            call: Call::Delete,
-        };
-        within(self.deadline, self.send(request)).await.map(|_| ())
+        within(self.deadline, self.send(key, &Call::Delete))
+            .await
+            .map(|_| ())
+    }
+
+    /// `policy`'s limits as script arguments: the store's own policy's, computed once,
+    /// for any policy with the same limits (they make the same arguments).
+    fn limits(&self, policy: &Policy) -> Result<Arc<[u64]>, ConfigError> {
+        let own = &self.policy;
+        if policy.shadow_mask() == own.shadow_mask()
+            && policy
+                .limits()
+                .iter()
+                .map(|l| &l.params)
+                .eq(own.limits().iter().map(|l| &l.params))
+        {
+            return Ok(self.limits.clone());
+        }
+        script::limit_args(policy).map(Arc::from)
+    }
+
+    /// Syncs a key the fallback decided, under the breaker and `deadline`; the time left
+    /// of `deadline` after it.
+    async fn sync_first(
+        &self,
+        fb: &Fallback,
+        unsynced: Unsynced,
+        deadline: Duration,
+    ) -> Result<Duration, StoreError> {
+        let started = tokio::time::Instant::now();
+        self.breaker
+            .call(
+                self.deadline,
+                deadline,
+                || fb.sync(unsynced),
+                |state| self.metrics.breaker(state.gauge()),
+            )
+            .await?;
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(StoreError::Timeout(self.deadline));
+        }
+        Ok(left)
     }
 
     /// One decision: the fast script for a single GCRA limit, the general one otherwise
     /// (or when the fast one finds a state written under other limits: `batch::one` and
-    /// the batch script send it then, within the same call's deadline).
-    async fn ask(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        mode: Mode,
-        cost: u64,
-        deadline: Duration,
-    ) -> Result<Decision, StoreError> {
-        let limits = script::limit_args(policy).map_err(StoreError::backend)?;
-        let reply = self
-            .guarded_call(key, mode, cost, &limits, false, deadline)
-            .await?;
-        script::decode_decision(&reply, policy, cost)
-    }
-
-    /// [`Shared::ask`], after syncing the key first when the fallback decided it since
-    /// Redis last answered for it (so that Redis decides on a state that holds what was
-    /// admitted meanwhile).
-    async fn ask_synced(
-        &self,
-        key: &[u8],
-        policy: &Policy,
-        mode: Mode,
-        cost: u64,
-        mut deadline: Duration,
-    ) -> Result<Decision, StoreError> {
-        if let Some((fb, unsynced)) = self
-            .fallback
-            .as_ref()
-            .and_then(|fb| fb.take(key).map(|u| (fb, u)))
-        {
-            let started = tokio::time::Instant::now();
-            self.breaker
-                .call(
-                    self.deadline,
-                    deadline,
-                    || fb.sync(unsynced),
-                    |state| self.metrics.breaker(state.gauge()),
-                )
-                .await?;
-            deadline = deadline.saturating_sub(started.elapsed());
-            if deadline.is_zero() {
-                return Err(StoreError::Timeout(self.deadline));
-            }
-        }
-        self.ask(key, policy, mode, cost, deadline).await
-    }
-
+    /// the batch script send it then, within the same call's deadline), or the failure
+    /// policy's. The key is synced first when the fallback decided it since Redis last
+    /// answered for it (so that Redis decides on a state that holds what was admitted
+    /// meanwhile).
     async fn decide(
-        &self,
+        self: Arc<Self>,
         key: Vec<u8>,
         policy: Policy,
         mode: Mode,
@@ -185,15 +190,37 @@ impl Shared {
         let deadline = budget
             .as_ref()
             .map_or(self.deadline, |b| b.allow(self.deadline));
-        let started = tokio::time::Instant::now();
-        let result = if deadline.is_zero() {
-            // The request spent its budget on an earlier layer's call: no call, and no
-            // failure of Redis's counted.
-            Err(StoreError::Timeout(self.deadline))
-        } else {
-            self.ask_synced(&key, &policy, mode, cost, deadline).await
+        let started = budget.as_ref().map(|_| tokio::time::Instant::now());
+        // One async function for the whole decision: each one nested would hold its own
+        // copies of the arguments in the future every decision moves into its box.
+        let result = 'ask: {
+            if deadline.is_zero() {
+                // The request spent its budget on an earlier layer's call: no call, and no
+                // failure of Redis's counted.
+                break 'ask Err(StoreError::Timeout(self.deadline));
+            }
+            let mut deadline = deadline;
+            if let Some((fb, unsynced)) = self
+                .fallback
+                .as_ref()
+                .and_then(|fb| fb.take(&key).map(|u| (fb, u)))
+            {
+                // Boxed: only a key decided by the fallback takes this path, and every
+                // decision's future would otherwise carry the sync's.
+                match Box::pin(self.sync_first(fb, unsynced, deadline)).await {
+                    Ok(left) => deadline = left,
+                    Err(e) => break 'ask Err(e),
+                }
+            }
+            let call = match self.limits(&policy) {
+                Ok(limits) => self.script_call(mode, cost, limits, false),
+                Err(e) => break 'ask Err(StoreError::backend(e)),
+            };
+            self.guarded_call(&key, call, deadline)
+                .await
+                .and_then(|reply| script::decode_decision(&reply, &policy, cost))
         };
-        if let Some(b) = &budget {
+        if let (Some(b), Some(started)) = (&budget, started) {
             b.spend(started.elapsed());
         }
         match result {
@@ -312,11 +339,12 @@ impl RedisStore {
         if let Some(n) = &self.inner.negative {
             n.remove(&k);
         }
-        let limits = script::limit_args(policy).map_err(StoreError::backend);
+        let limits = self.inner.limits(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
         StoreFuture::boxed(async move {
+            let call = shared.script_call(mode, units, limits?, true);
             shared
-                .guarded_call(&k, mode, units, &limits?, true, shared.deadline)
+                .guarded_call(&k, call, shared.deadline)
                 .await
                 .map(|_| ())
         })
@@ -334,9 +362,12 @@ impl RedisStore {
         if let Some(fleet) = &self.inner.fleet {
             fleet.start();
         }
-        let (shared, policy) = (self.inner.clone(), policy.clone());
         let budget = current_budget();
-        CheckFuture::boxed(async move { shared.decide(key, policy, mode, cost, budget).await })
+        CheckFuture::boxed(
+            self.inner
+                .clone()
+                .decide(key, policy.clone(), mode, cost, budget),
+        )
     }
 }
 
@@ -391,5 +422,30 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {
         self.update(key, policy, Mode::Refund, cost)
             .detach("a refund");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns.
+    fn future_size<A, F: Future>(_: impl FnOnce(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every decision's future is moved whole into its box: the rare paths (the
+    /// fallback's sync, the script's reload, the general script's retry) are boxed apart,
+    /// and the layers do not each hold the call or its arguments, so that it stays small
+    /// (the bound leaves room for the compiler's layout to drift; a path held inline
+    /// again would pass it).
+    #[test]
+    fn a_decisions_future_stays_small() {
+        let policy = Policy::new(
+            crate::algorithm::Limit::token_bucket(crate::quota::Quota::per_second(1).unwrap())
+                .unwrap(),
+        );
+        let size = future_size(|s: Arc<Shared>| s.decide(Vec::new(), policy, Mode::Check, 1, None));
+        assert!(size <= 1536, "{size} bytes");
     }
 }

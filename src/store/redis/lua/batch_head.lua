@@ -38,7 +38,8 @@
 local call, K, pack, sunpack = redis.call, KEYS, struct.pack, struct.unpack
 
 local t = call('TIME')
-local clock = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Arithmetic converts the strings with one strtod each (tonumber() would run two).
+local clock = t[1] * 1000000 + t[2]
 
 local lists = {}
 local p = 2
