@@ -85,10 +85,7 @@ impl FairReplies {
         };
         headers.append(RATELIMIT_POLICY, policy);
         let reset = retry_after_secs(Duration::from_nanos(d.reset_after));
-        headers.append(
-            RATELIMIT,
-            rate_limit_item(&self.prefix, d.remaining, reset),
-        );
+        headers.append(RATELIMIT, rate_limit_item(&self.prefix, d.remaining, reset));
     }
 
     fn refusal(&self, share: &Share, d: &FairDecision, is_grpc: bool) -> Response<Bytes> {

@@ -1,3 +1,6 @@
+//! [`RateLimitBody`]: the response body of the HTTP rate-limit layer, the inner service's
+//! or the layer's own answer.
+
 use std::pin::Pin;
 use std::task::{Context, Poll};
 

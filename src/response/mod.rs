@@ -5,16 +5,13 @@ mod finish;
 mod format;
 pub(crate) mod grpc;
 mod head;
+mod own;
 mod settle;
 mod values;
 
 pub use body::RateLimitBody;
 pub(crate) use finish::{Finish, OwnBody};
-pub(crate) use format::own_answer;
-#[cfg(feature = "json")]
-pub(crate) use format::plain;
 pub(crate) use format::problem_body;
-pub(crate) use format::quota_refusal;
 pub use format::refusal;
 pub(crate) use format::Answers;
 pub(crate) use format::Extra;
@@ -25,6 +22,10 @@ pub(crate) use format::QUOTA_EXCEEDED;
 pub(crate) use format::RATELIMIT;
 pub(crate) use format::RATELIMIT_POLICY;
 pub use head::ResponseHead;
+pub(crate) use own::own_answer;
+#[cfg(feature = "json")]
+pub(crate) use own::plain;
+pub(crate) use own::quota_refusal;
 
 /// An answer of a layer's own (a refusal, a keyless request rejected, a failed store),
 /// boxed: the response futures stay small on the path that calls the inner service.
