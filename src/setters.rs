@@ -6,7 +6,7 @@
 /// arguments, `=> field.path = expression;`) after its doc comment becomes
 /// `pub fn name(mut self, arg: Type) -> Self`.
 ///
-/// ```ignore
+/// ```text
 /// setters! {
 ///     /// The layer's name in metrics and events (default `tollgate`).
 ///     label(label: &str) => settings.label = label.into();
