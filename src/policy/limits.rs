@@ -223,8 +223,22 @@ impl Policy {
     }
 
     fn slice<'a>(&self, s: &'a [u64], i: usize) -> &'a [u64] {
+        &s[self.span(i)]
+    }
+
+    /// Where limit `i`'s words are in a state of this policy.
+    #[inline]
+    fn span(&self, i: usize) -> std::ops::Range<usize> {
         let off = self.inner.offsets[i] as usize;
-        &s[off..off + self.inner.limits[i].params.words()]
+        off..off + self.inner.limits[i].params.words()
+    }
+
+    /// Each limit with where its words are in a state of this policy, in order.
+    pub(crate) fn spans(&self) -> impl Iterator<Item = (&Limit, std::ops::Range<usize>)> {
+        self.limits()
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l, self.span(i)))
     }
 
     /// Evaluates every limit without writing. Returns the decision and, when admitted,
@@ -338,9 +352,8 @@ impl Policy {
     /// or a request decided under another policy charged to the state this one wrote. A
     /// limit may go over; the key then waits it out.
     pub fn charge(&self, state: &mut [u64], now: u64, cost: u64) {
-        for (i, limit) in self.limits().iter().enumerate() {
-            let off = self.inner.offsets[i] as usize;
-            limit.force(&mut state[off..off + limit.params.words()], now, cost);
+        for (limit, span) in self.spans() {
+            limit.force(&mut state[span], now, cost);
         }
     }
 
@@ -349,12 +362,10 @@ impl Policy {
     /// windows and limits in shadow are left as they are.
     pub fn ban(&self, state: &mut [u64], now: u64, ban: u64) {
         let shadow = self.shadow_mask();
-        for (i, limit) in self.limits().iter().enumerate() {
-            if shadow & (1 << i) != 0 {
-                continue;
+        for (i, (limit, span)) in self.spans().enumerate() {
+            if shadow & (1 << i) == 0 {
+                limit.ban(&mut state[span], now, ban);
             }
-            let off = self.inner.offsets[i] as usize;
-            limit.ban(&mut state[off..off + limit.params.words()], now, ban);
         }
     }
 
@@ -371,9 +382,8 @@ impl Policy {
 
     /// Gives back `cost` units to every limit (a queued request dropped before its slot).
     pub fn refund(&self, state: &mut [u64], now: u64, cost: u64) {
-        for (i, limit) in self.limits().iter().enumerate() {
-            let off = self.inner.offsets[i] as usize;
-            limit.refund(&mut state[off..off + limit.params.words()], now, cost);
+        for (limit, span) in self.spans() {
+            limit.refund(&mut state[span], now, cost);
         }
     }
 
@@ -390,14 +400,12 @@ impl Policy {
     /// the [module docs](super): limits take over by position).
     pub fn carry_from(&self, old: &Policy, state: &[u64], now: u64) -> [u64; MAX_WORDS] {
         let mut out = [0; MAX_WORDS];
-        for (i, limit) in self.limits().iter().enumerate() {
+        for (i, (limit, span)) in self.spans().enumerate() {
             let Some(was) = old.limits().get(i) else {
                 break;
             };
             let carried = limit.carry(was, old.slice(state, i), now);
-            let off = self.inner.offsets[i] as usize;
-            let k = limit.params.words();
-            out[off..off + k].copy_from_slice(&carried[..k]);
+            out[span.clone()].copy_from_slice(&carried[..span.len()]);
         }
         out
     }

@@ -138,15 +138,12 @@ fn map_counts(policy: &Policy, state: &[u64], f: impl Fn(u64) -> u64) -> [u64; M
     let mut out = [0; MAX_WORDS];
     let w = policy.state_words().min(state.len());
     out[..w].copy_from_slice(&state[..w]);
-    let mut off = 0;
-    for l in policy.limits() {
-        let words = l.params.words();
+    for (l, span) in policy.spans() {
         if !matches!(l.params, Params::Gcra(_)) {
-            for c in &mut out[off + 1..off + words] {
+            for c in &mut out[span.start + 1..span.end] {
                 *c = f(*c);
             }
         }
-        off += words;
     }
     out
 }

@@ -174,8 +174,8 @@ impl Fallback {
 /// cautious side).
 fn answered_state(policy: &Policy, d: &Decision, now: u64) -> [u64; MAX_WORDS] {
     let mut out = [0; MAX_WORDS];
-    let mut off = 0;
-    for (l, r) in policy.limits().iter().zip(d.limits()) {
+    for ((l, span), r) in policy.spans().zip(d.limits()) {
+        let off = span.start;
         let reset = r.reset_after;
         match l.params {
             Params::Gcra(_) => {
@@ -197,7 +197,6 @@ fn answered_state(policy: &Policy, d: &Decision, now: u64) -> [u64; MAX_WORDS] {
                 }
             }
         }
-        off += l.params.words();
     }
     out
 }
@@ -206,18 +205,15 @@ fn answered_state(policy: &Policy, d: &Decision, now: u64) -> [u64; MAX_WORDS] {
 /// window's later window, or in the same window the larger of each count.
 fn fuller(policy: &Policy, a: &[u64; MAX_WORDS], b: &[u64; MAX_WORDS]) -> [u64; MAX_WORDS] {
     let mut out = *a;
-    let mut off = 0;
-    for l in policy.limits() {
-        let words = l.params.words();
-        let (x, y) = (&a[off..off + words], &b[off..off + words]);
+    for (l, span) in policy.spans() {
+        let (x, y) = (&a[span.clone()], &b[span.clone()]);
         if y[0] > x[0] {
-            out[off..off + words].copy_from_slice(y);
+            out[span].copy_from_slice(y);
         } else if y[0] == x[0] && !matches!(l.params, Params::Gcra(_)) {
-            for (o, c) in out[off + 1..off + words].iter_mut().zip(&y[1..]) {
+            for (o, c) in out[span.start + 1..span.end].iter_mut().zip(&y[1..]) {
                 *o = (*o).max(*c);
             }
         }
-        off += words;
     }
     out
 }

@@ -225,14 +225,11 @@ impl Args {
 /// tag is not the current one (or, for a sliding window, the previous one).
 pub(super) fn floor_args(policy: &Policy, state: &[u64]) -> Vec<u64> {
     let mut out = Vec::with_capacity(policy.state_words());
-    let mut off = 0;
-    for l in policy.limits() {
-        let words = l.params.words();
+    for (l, span) in policy.spans() {
         match l.params {
-            Params::Gcra(_) => out.push(state[off].div_ceil(1000)),
-            _ => out.extend_from_slice(&state[off..off + words]),
+            Params::Gcra(_) => out.push(state[span.start].div_ceil(1000)),
+            _ => out.extend_from_slice(&state[span]),
         }
-        off += words;
     }
     out
 }
