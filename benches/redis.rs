@@ -217,18 +217,21 @@ async fn main() {
             continue;
         }
         let store = |batching: bool| {
-            Arc::new(
-                RedisStore::builder(Limit::token_bucket(quota).unwrap())
-                    .namespace(format!("bench-{}", name.len()))
-                    .deadline(deadline)
-                    .batching(batching)
-                    // Each store its own connection handle, so that the batched store's
-                    // batcher is its own.
-                    .build(RedisConnection::from(manager.clone()))
-                    .unwrap(),
-            )
+            let url = target.url();
+            async move {
+                // Each store its own connection, as the bare script has its own.
+                let conn = RedisConnection::connect(&url).await.unwrap();
+                Arc::new(
+                    RedisStore::builder("limit", Limit::token_bucket(quota).unwrap())
+                        .namespace(format!("bench-{}", name.len()))
+                        .deadline(deadline)
+                        .batching(batching)
+                        .build(conn)
+                        .unwrap(),
+                )
+            }
         };
-        let (batched, unbatched) = (store(true), store(false));
+        let (batched, unbatched) = (store(true).await, store(false).await);
         let mut info = manager.clone();
         let t_us = quota.emission_interval().as_micros().max(1) as u64;
         let tau_us = (quota.burst() - 1) * t_us;

@@ -20,7 +20,7 @@ use tollgate::clock::Clock;
 use tollgate::error::StoreError;
 use tollgate::policy::PolicySet;
 use tollgate::store::{KeyBytes, Store, StoreFuture};
-use tollgate::{Decision, Policy};
+use tollgate::{ConfigError, Decision, Policy};
 
 /// One key's value in the backend: the fingerprint of the policy that wrote the state,
 /// and the state.
@@ -163,8 +163,9 @@ impl<K: KeyBytes + 'static, C: Clock> Store<K> for MapStore<C> {
         StoreFuture::ready(Ok::<(), StoreError>(()))
     }
 
-    fn policies_installed(&self, set: &PolicySet) {
+    fn policies_installed(&self, set: &PolicySet) -> Result<(), ConfigError> {
         set.policies().for_each(|p| self.remember(p));
+        Ok(())
     }
 }
 

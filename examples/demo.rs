@@ -114,7 +114,7 @@ impl Stores {
     {
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::fair::RedisFair::builder()
+            let store = tollgate::fair::RedisFair::builder("limit")
                 .namespace("tollgate-demo")
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
@@ -129,7 +129,7 @@ impl Stores {
     {
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::inflight::RedisInFlight::builder()
+            let store = tollgate::inflight::RedisInFlight::builder("limit")
                 .namespace("tollgate-demo")
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
@@ -152,7 +152,7 @@ impl Stores {
         let policy = policy.into_policy()?;
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::store::RedisStore::builder(policy)
+            let store = tollgate::store::RedisStore::builder("limit", policy)
                 .namespace(format!("tollgate-demo-{label}"))
                 .build(conn.clone())?;
             return Ok(Arc::new(store));

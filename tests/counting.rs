@@ -649,7 +649,7 @@ mod redis {
         };
         let conn = RedisConnection::connect(&server.url()).await.unwrap();
         let policy: Policy = "5/15min".parse().unwrap();
-        let store = RedisStore::builder(policy)
+        let store = RedisStore::builder("limit", policy)
             .deadline(Duration::from_secs(5))
             .build(conn)
             .unwrap();
@@ -706,7 +706,7 @@ mod redis {
         let mut apps = Vec::new();
         for _ in 0..2 {
             let conn = RedisConnection::connect(&server.url()).await.unwrap();
-            let store = RedisStore::builder(policy.clone())
+            let store = RedisStore::builder("limit", policy.clone())
                 .deadline(Duration::from_secs(5))
                 .build(conn)
                 .unwrap();

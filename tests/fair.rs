@@ -361,7 +361,7 @@ mod on_redis {
     }
 
     async fn redis(url: &str, clock: &ManualClock) -> RedisFair {
-        RedisFair::builder()
+        RedisFair::builder("limit")
             .namespace(namespace())
             .deadline(Duration::from_secs(5))
             .clock(clock.clone())
@@ -406,7 +406,7 @@ mod on_redis {
             return;
         };
         let c = clock();
-        let store = RedisFair::builder()
+        let store = RedisFair::builder("limit")
             .namespace(namespace())
             .deadline(Duration::from_millis(100))
             .breaker(2, Duration::from_secs(1))
@@ -460,7 +460,7 @@ mod on_redis {
             let url = url.clone();
             let ns = ns.clone();
             async move {
-                RedisFair::builder()
+                RedisFair::builder("limit")
                     .namespace(ns)
                     .deadline(Duration::from_secs(5))
                     .clock(c)

@@ -385,7 +385,7 @@ fn every_refusal_reports_its_exact_wait_on_redis_as_in_memory() {
                 let on_memory =
                     run(&s, MemoryFair::new().with_clock(clock.clone()), &clock).await?;
                 let clock = ManualClock::at(ns(T0));
-                let store = RedisFair::builder()
+                let store = RedisFair::builder("limit")
                     .namespace(format!(
                         "fair-retry-{}-{}",
                         std::process::id(),

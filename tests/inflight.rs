@@ -577,7 +577,7 @@ mod on_redis {
     }
 
     async fn store(url: &str, ns: &str, ttl: Duration) -> RedisInFlight {
-        RedisInFlight::builder()
+        RedisInFlight::builder("limit")
             .namespace(ns)
             .lease_ttl(ttl)
             .deadline(Duration::from_millis(500))
@@ -749,7 +749,7 @@ mod on_redis {
         let Some(server) = RedisServer::start() else {
             return;
         };
-        let store = RedisInFlight::builder()
+        let store = RedisInFlight::builder("limit")
             .namespace(namespace())
             .deadline(Duration::from_millis(100))
             .breaker(2, Duration::from_secs(1))
@@ -788,7 +788,7 @@ mod on_redis {
             return;
         };
         let ns = namespace();
-        let store = RedisInFlight::builder()
+        let store = RedisInFlight::builder("limit")
             .namespace(&ns)
             .deadline(Duration::from_millis(50))
             .build(RedisConnection::connect(&server.url()).await.unwrap())

@@ -696,9 +696,9 @@ fn a_request_begun_before_a_swap_does_not_convert_the_state_back() {
             })
             .count()
     };
-    store.policies_installed(&old);
+    store.policies_installed(&old).unwrap();
     assert_eq!(admit(&p_old, 150), 100);
-    store.policies_installed(&new);
+    store.policies_installed(&new).unwrap();
     assert_eq!(admit(&p_new, 100), 100);
     // A straggler under the old set: decided on the state as 100/min sees it (full).
     assert_eq!(admit(&p_old, 1), 0);

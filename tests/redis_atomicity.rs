@@ -34,7 +34,7 @@ async fn concurrent_checks_never_over_admit() {
     for _ in 0..2 {
         let conn = RedisConnection::connect(&target.url()).await.unwrap();
         // A generous deadline: this test is about the script's atomicity, not latency.
-        let store = RedisStore::builder(limit.clone())
+        let store = RedisStore::builder("limit", limit.clone())
             .namespace("atomicity")
             .deadline(Duration::from_secs(2))
             .build(conn)

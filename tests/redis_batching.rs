@@ -43,7 +43,7 @@ async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() 
         return;
     };
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let store = RedisStore::builder(limit())
+    let store = RedisStore::builder("limit", limit())
         .deadline(Duration::from_secs(5))
         .build(conn)
         .unwrap();
@@ -69,7 +69,7 @@ async fn requests_made_during_a_call_share_one_call_and_get_their_own_replies() 
     assert!(calls < 20, "20 concurrent requests took {calls} calls");
     // Off, every request is its own call.
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let unbatched = RedisStore::builder(limit())
+    let unbatched = RedisStore::builder("limit", limit())
         .batching(false)
         .deadline(Duration::from_secs(5))
         .build(conn)
@@ -93,7 +93,7 @@ async fn a_batch_at_the_servers_time_writes_the_time_until_fresh_as_ttl() {
         return;
     };
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let store = RedisStore::builder(limit())
+    let store = RedisStore::builder("limit", limit())
         .deadline(Duration::from_secs(5))
         .negative_cache(0)
         .build(conn)
@@ -128,15 +128,18 @@ async fn a_batch_writes_each_key_under_its_own_limits() {
     };
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let narrow = Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(50).unwrap()).unwrap();
-    let build = |limit: Limit, batching: bool| {
-        RedisStore::builder(limit)
+    let build = |name: &str, limit: Limit, batching: bool| {
+        RedisStore::builder(name, limit)
             .deadline(Duration::from_secs(5))
             .negative_cache(0)
             .batching(batching)
             .build(conn.clone())
             .unwrap()
     };
-    let (wide, other) = (build(limit(), true), build(narrow.clone(), true));
+    let (wide, other) = (
+        build("wide", limit(), true),
+        build("narrow", narrow.clone(), true),
+    );
     wide.check("warm", 1).await.unwrap();
     let keys = [
         (true, "w1"),
@@ -148,7 +151,10 @@ async fn a_batch_writes_each_key_under_its_own_limits() {
     let checks = keys.map(|(w, k)| (if w { wide.clone() } else { other.clone() }, k));
     check_together(&server, checks.to_vec()).await;
     // Reference values, one call each.
-    let (wide_1, narrow_1) = (build(limit(), false), build(narrow, false));
+    let (wide_1, narrow_1) = (
+        build("wide", limit(), false),
+        build("narrow", narrow, false),
+    );
     wide_1.check("ref-w", 1).await.unwrap();
     narrow_1.check("ref-n", 1).await.unwrap();
     let client = redis::Client::open(server.url()).unwrap();
@@ -192,12 +198,12 @@ async fn requests_queued_behind_a_batch_go_out_as_a_second_call_and_no_third() {
     };
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let limit = Limit::token_bucket(Quota::per_hour(1).unwrap().with_burst(200).unwrap()).unwrap();
-    let store = RedisStore::builder(limit.clone())
+    let store = RedisStore::builder("limit", limit.clone())
         .deadline(Duration::from_secs(30))
         .build(conn.clone())
         .unwrap();
     // Shares the connection, and so its batcher.
-    let hasty = RedisStore::builder(limit)
+    let hasty = RedisStore::builder("limit", limit)
         .deadline(Duration::from_millis(50))
         .build(conn)
         .unwrap();
@@ -248,7 +254,7 @@ async fn a_stalled_call_fails_each_request_through_the_failure_policy() {
         return;
     };
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let store = RedisStore::builder(limit())
+    let store = RedisStore::builder("limit", limit())
         .deadline(Duration::from_millis(100))
         .failure_policy(FailurePolicy::FailClosed {
             retry_after: Duration::from_secs(1),
@@ -292,7 +298,7 @@ async fn a_batch_writes_what_separate_calls_write() {
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
     let clock = ManualClock::at(Duration::from_secs(1_750_000_000));
     let build = |namespace: &str, batching: bool| {
-        RedisStore::builder(limit())
+        RedisStore::builder("limit", limit())
             .namespace(namespace)
             .clock(clock.clone())
             .negative_cache(0)

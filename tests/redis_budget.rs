@@ -29,12 +29,14 @@ async fn two_layers_wait_one_deadline_while_redis_is_stopped() {
     let layer = |namespace: &'static str| {
         let url = server.url();
         async move {
-            let store =
-                RedisStore::builder(Limit::token_bucket(Quota::per_second(100).unwrap()).unwrap())
-                    .namespace(namespace)
-                    .deadline(DEADLINE)
-                    .build(RedisConnection::connect(&url).await.unwrap())
-                    .unwrap();
+            let store = RedisStore::builder(
+                "limit",
+                Limit::token_bucket(Quota::per_second(100).unwrap()).unwrap(),
+            )
+            .namespace(namespace)
+            .deadline(DEADLINE)
+            .build(RedisConnection::connect(&url).await.unwrap())
+            .unwrap();
             RateLimitLayer::builder()
                 .key(HeaderKey::new("x-api-key").unwrap())
                 .build_with(store)

@@ -59,7 +59,7 @@ async fn run(s: Scenario) {
     let conn = RedisConnection::connect(&url).await.unwrap();
     let limit =
         Limit::token_bucket(Quota::per_second(100).unwrap().with_burst(10).unwrap()).unwrap();
-    let store = RedisStore::builder(limit)
+    let store = RedisStore::builder("limit", limit)
         .deadline(DEADLINE)
         .breaker(3, Duration::from_millis(200))
         .failure_policy(s.failure)

@@ -58,7 +58,9 @@ fn semantics_through_a_cluster() {
         )
         .and(Limit::fixed_window(Quota::per_minute(100).unwrap()).unwrap())
         .unwrap();
-        let store = RedisStore::builder(policy).build(conn.clone()).unwrap();
+        let store = RedisStore::builder("limit", policy)
+            .build(conn.clone())
+            .unwrap();
         let mut slots = HashSet::new();
         for i in 0..40 {
             let key = format!("cluster-client-{i}");
@@ -155,7 +157,7 @@ async fn fair_through_the_cluster(conn: &RedisConnection) {
     let clock = ManualClock::at(start);
     let on_memory = statuses(MemoryFair::new().with_clock(clock.clone()), &clock).await;
     let clock = ManualClock::at(start);
-    let store = RedisFair::builder()
+    let store = RedisFair::builder("limit")
         .namespace("cluster-fair")
         .deadline(Duration::from_secs(5))
         .clock(clock.clone())

@@ -27,7 +27,7 @@ async fn the_fallback_goes_on_from_what_redis_last_said_and_tells_redis_after() 
     };
     let clock = ManualClock::at(Duration::from_secs(1_700_000_000));
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let store = RedisStore::builder(limit())
+    let store = RedisStore::builder("limit", limit())
         .clock(clock.clone())
         .failure_policy(FailurePolicy::LocalFallback { share: 1.0 })
         .build(conn)
@@ -77,7 +77,7 @@ async fn the_default_share_is_one_over_the_instances_counted() {
         return;
     };
     let build = |conn: RedisConnection, failure: Option<FailurePolicy>| {
-        let b = RedisStore::builder(limit()).namespace("fleet-test");
+        let b = RedisStore::builder("limit", limit()).namespace("fleet-test");
         match failure {
             Some(f) => b.failure_policy(f).build(conn).unwrap(),
             None => b.build(conn).unwrap(),
@@ -108,7 +108,7 @@ async fn the_default_share_is_one_over_the_instances_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Without a local fallback there is no share.
-    let open = RedisStore::builder(limit())
+    let open = RedisStore::builder("limit", limit())
         .failure_policy(FailurePolicy::FailOpen)
         .build(connect().await.unwrap())
         .unwrap();

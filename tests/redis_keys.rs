@@ -1,5 +1,6 @@
 //! Redis key names are what the Redis guide (`src/docs/redis.md`) says they are: one key
-//! per client under every policy, `<namespace>:v3:{#<sha1>}`.
+//! per client and limit (store name) under every policy,
+//! `<namespace>:<name>:rate:v4:{#<sha1>}`.
 //!
 //! Regression: the guide gave `{namespace}:v3:{policy fingerprint}:{#sha1}`, a layout the
 //! store no longer writes.
@@ -17,8 +18,8 @@ use tollgate::{Limit, Policy, Quota};
 const GUIDE: &str = include_str!("../src/docs/redis.md");
 
 /// The guide's example: the key `"203.0.113.7"` under the namespace `myapp`.
-const HASHED: &str = "myapp:v3:{#5fd4783125711c0c04c3fbff42b2cfdc8887a2df}";
-const READABLE: &str = "myapp:v3:{203.0.113.7}";
+const HASHED: &str = "myapp:api:rate:v4:{#5fd4783125711c0c04c3fbff42b2cfdc8887a2df}";
+const READABLE: &str = "myapp:api:rate:v4:{203.0.113.7}";
 
 #[tokio::test]
 async fn key_names_are_the_documented_ones_under_every_policy() {
@@ -33,7 +34,7 @@ async fn key_names_are_the_documented_ones_under_every_policy() {
         "the guide's readable name"
     );
     assert!(
-        GUIDE.contains("`<namespace>:v3:{#<sha1>}`"),
+        GUIDE.contains("`<namespace>:<name>:rate:v4:{#<sha1>}`"),
         "the guide's form"
     );
 
@@ -41,7 +42,7 @@ async fn key_names_are_the_documented_ones_under_every_policy() {
     let daily = "10/s, daily: 1000/day window".parse::<Policy>().unwrap();
     let ip = "203.0.113.7";
     for policy in [minute, daily] {
-        let store = RedisStore::builder(policy.clone())
+        let store = RedisStore::builder("api", policy.clone())
             .namespace("myapp")
             .deadline(Duration::from_secs(5))
             .build(conn.clone())
@@ -74,7 +75,7 @@ async fn key_names_are_the_documented_ones_under_every_policy() {
             "the guide's fleet key"
         );
 
-        let readable = RedisStore::builder(policy)
+        let readable = RedisStore::builder("api", policy)
             .namespace("myapp")
             .readable_keys(true)
             .build(conn.clone())

@@ -60,7 +60,7 @@ async fn two_instances_stay_within_the_bound_and_limit_alone_without_redis() {
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let conn = RedisConnection::connect(&server.url()).await.unwrap();
-        let s = LocalFirstStore::new(limit.clone(), conn, INTERVAL).unwrap();
+        let s = LocalFirstStore::new("limit", limit.clone(), conn, INTERVAL).unwrap();
         assert!(s.start(), "starts inside a runtime");
         assert!(!s.start(), "started once");
         tasks.push(s.clone());
@@ -136,7 +136,7 @@ fn no_runtime_no_panic() {
         return;
     };
     let limit = Limit::token_bucket(Quota::per_second(2).unwrap()).unwrap();
-    let store = LocalFirstStore::new(limit, conn, INTERVAL).unwrap();
+    let store = LocalFirstStore::new("limit", limit, conn, INTERVAL).unwrap();
     assert!(!store.start());
     assert!(store.check_local("k", 1).is_allowed());
     assert!(store.check_local("k", 1).is_allowed());
@@ -147,7 +147,7 @@ fn no_runtime_no_panic() {
     let conn2 = rt
         .block_on(RedisConnection::connect(&server.url()))
         .unwrap();
-    let other = LocalFirstStore::new(store.policy().clone(), conn2, INTERVAL).unwrap();
+    let other = LocalFirstStore::new("limit", store.policy().clone(), conn2, INTERVAL).unwrap();
     let _ = other.check_local("k", 0);
     rt.block_on(other.sync()).unwrap();
     assert!(
@@ -164,7 +164,7 @@ fn a_flood_of_distinct_keys_stays_within_the_memory_budget() {
     // An hour to refill: no key ever goes back to fresh, so only the cap bounds memory.
     let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
     let budget = 2 << 20;
-    let store = RedisStore::builder(limit)
+    let store = RedisStore::builder("limit", limit)
         .max_bytes(budget)
         .build_local_first(conn, INTERVAL)
         .unwrap();
@@ -188,7 +188,7 @@ fn local_first_runs_on_the_store_clock() {
     let clock = ManualClock::at(Duration::from_secs(1_750_000_000));
     let limit = Limit::token_bucket(Quota::per_second(2).unwrap()).unwrap();
     let build = |conn| {
-        RedisStore::builder(limit.clone())
+        RedisStore::builder("limit", limit.clone())
             .namespace("lf-clock")
             .clock(clock.clone())
             .build_local_first(conn, INTERVAL)
@@ -224,7 +224,7 @@ fn settles_bans_and_resets_apply_here_at_once_and_reach_redis() {
         return;
     };
     let limit = Limit::token_bucket(Quota::per_hour(10).unwrap()).unwrap();
-    let store = LocalFirstStore::new(limit, conn, INTERVAL).unwrap();
+    let store = LocalFirstStore::new("limit", limit, conn, INTERVAL).unwrap();
     let policy = store.policy().clone();
     let key = "settled".to_string();
     let peek = |s: &LocalFirstStore, cost: u64| {
@@ -244,7 +244,7 @@ fn settles_bans_and_resets_apply_here_at_once_and_reach_redis() {
     let conn2 = rt
         .block_on(RedisConnection::connect(&server.url()))
         .unwrap();
-    let other = LocalFirstStore::new(policy.clone(), conn2, INTERVAL).unwrap();
+    let other = LocalFirstStore::new("limit", policy.clone(), conn2, INTERVAL).unwrap();
     let _ = other.check_local(&key, 0);
     rt.block_on(other.sync()).unwrap();
     assert_eq!(remaining(&other), 6);

@@ -34,7 +34,7 @@ async fn refused_key_is_answered_locally_until_retry_after() {
     )
     .unwrap();
     let clock = clock();
-    let store = RedisStore::builder(limit)
+    let store = RedisStore::builder("limit", limit)
         .clock(clock.clone())
         .build(conn)
         .unwrap();
@@ -88,7 +88,7 @@ async fn smaller_cost_and_refund_go_to_redis() {
             .unwrap(),
     )
     .unwrap();
-    let store = RedisStore::builder(limit)
+    let store = RedisStore::builder("limit", limit)
         .clock(clock())
         .build(conn)
         .unwrap();

@@ -17,14 +17,9 @@
 #[path = "support/redis.rs"]
 mod redis_support;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_support::RedisServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use redis_support::{Proxy, RedisServer};
 use tollgate::clock::ManualClock;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::{Limit, Policy, Quota};
@@ -53,42 +48,6 @@ enum Fault {
     Restarted,
 }
 
-/// A TCP proxy to `upstream` holding each chunk sent to Redis for `delay` ms (in order).
-async fn delaying_proxy(upstream: SocketAddr, delay: Arc<AtomicU64>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = TcpStream::connect(upstream).await else {
-                continue;
-            };
-            let (mut client_read, mut client_write) = client.into_split();
-            let (mut server_read, mut server_write) = server.into_split();
-            let delay = delay.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    let n = match client_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let ms = delay.load(Ordering::Relaxed);
-                    if ms > 0 {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                    }
-                    if server_write.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-            });
-        }
-    });
-    addr
-}
-
 /// Waits until every store counts `n` instances in the fleet.
 async fn fleet_of(stores: &[RedisStore], n: usize) {
     let start = Instant::now();
@@ -115,12 +74,9 @@ async fn run(n: usize, fault: Fault) -> (u32, u32) {
     let Some(mut server) = RedisServer::start() else {
         return (0, 0);
     };
-    let delay = Arc::new(AtomicU64::new(0));
+    let proxy = Proxy::start(server.port).await;
     let url = match fault {
-        Fault::Slow => {
-            let upstream: SocketAddr = format!("127.0.0.1:{}", server.port).parse().unwrap();
-            format!("redis://{}", delaying_proxy(upstream, delay.clone()).await)
-        }
+        Fault::Slow => proxy.url(),
         _ => server.url(),
     };
     let clock = ManualClock::at(Duration::from_secs(1_700_000_000));
@@ -128,7 +84,7 @@ async fn run(n: usize, fault: Fault) -> (u32, u32) {
     for _ in 0..n {
         let conn = RedisConnection::connect(&url).await.unwrap();
         stores.push(
-            RedisStore::builder(limit())
+            RedisStore::builder("limit", limit())
                 .namespace("outage")
                 .clock(clock.clone())
                 .build(conn)
@@ -151,7 +107,7 @@ async fn run(n: usize, fault: Fault) -> (u32, u32) {
     }
     match fault {
         Fault::Stopped => server.stop(),
-        Fault::Slow => delay.store(200, Ordering::Relaxed),
+        Fault::Slow => proxy.delay(200),
         Fault::Restarted => server.kill(),
     }
     for _ in 0..DURING {
@@ -161,7 +117,7 @@ async fn run(n: usize, fault: Fault) -> (u32, u32) {
     }
     match fault {
         Fault::Stopped => server.cont(),
-        Fault::Slow => delay.store(0, Ordering::Relaxed),
+        Fault::Slow => proxy.delay(0),
         Fault::Restarted => server.restart(),
     }
     // What was held or queued reaches Redis; connections come back.

@@ -33,7 +33,7 @@ fn by_prefix(_: &RequestHead<'_>, key: Option<&HeaderBytes>) -> &'static str {
 /// A store on its own connection (as another instance would have), on `clock`.
 async fn store(server: &RedisServer, clock: &ManualClock, ns: &str) -> RedisStore {
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    RedisStore::builder("1/s".parse::<Policy>().unwrap())
+    RedisStore::builder("limit", "1/s".parse::<Policy>().unwrap())
         .namespace(ns)
         .clock(clock.clone())
         .build(conn)
@@ -155,7 +155,7 @@ async fn local_first_decides_plans_locally_and_shares_them() {
         let (server, clock) = (&server, &clock);
         async move {
             let conn = RedisConnection::connect(&server.url()).await.unwrap();
-            RedisStore::builder("1/s".parse::<Policy>().unwrap())
+            RedisStore::builder("limit", "1/s".parse::<Policy>().unwrap())
                 .namespace(ns)
                 .clock(clock.clone())
                 .build_local_first(conn, Duration::from_secs(3600))

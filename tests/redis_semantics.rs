@@ -214,7 +214,7 @@ fn refuses_quotas_it_cannot_decide_exactly() {
     let conn = rt
         .block_on(RedisConnection::connect(&target.url()))
         .unwrap();
-    let build = |l: Limit| RedisStore::builder(Policy::new(l)).build(conn.clone());
+    let build = |l: Limit| RedisStore::builder("limit", Policy::new(l)).build(conn.clone());
     let sub_us = Limit::fixed_window(Quota::new(1, Duration::from_nanos(1_500)).unwrap()).unwrap();
     assert!(matches!(build(sub_us), Err(ConfigError::Store(_))));
     let big_window = Limit::sliding_window(Quota::per_day(100_000).unwrap()).unwrap();
@@ -228,11 +228,11 @@ fn refuses_quotas_it_cannot_decide_exactly() {
         Limit::token_bucket(Quota::per_day(10_000).unwrap().with_burst(10_000).unwrap()).unwrap();
     assert!(build(ok_bucket).is_ok());
     let limit = Limit::token_bucket(Quota::per_second(1).unwrap()).unwrap();
-    assert!(RedisStore::builder(limit.clone())
+    assert!(RedisStore::builder("limit", limit.clone())
         .namespace("a{b")
         .build(conn.clone())
         .is_err());
-    assert!(RedisStore::builder(limit)
+    assert!(RedisStore::builder("limit", limit)
         .deadline(Duration::ZERO)
         .build(conn)
         .is_err());
@@ -274,7 +274,7 @@ fn foreign_values_are_read_as_fresh_state() {
             .and(Limit::fixed_window(Quota::per_minute(100).unwrap()).unwrap())
             .unwrap();
         for (policy, words) in [(one, 4), (two, 8)] {
-            let store = RedisStore::builder(policy)
+            let store = RedisStore::builder("limit", policy)
                 .namespace("foreign-test")
                 .build(conn.clone())
                 .unwrap();
@@ -313,7 +313,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let policy = Policy::new(
             Limit::token_bucket(Quota::per_second(10).unwrap().with_burst(5).unwrap()).unwrap(),
         );
-        let store = RedisStore::builder(policy)
+        let store = RedisStore::builder("limit", policy)
             .namespace("ttl-test")
             .build(conn.clone())
             .unwrap();
@@ -355,7 +355,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         let before: i64 = cmd(&mut con, &[b"PTTL", &rkey]).await;
         let raw_before: Vec<u8> = cmd(&mut con, &[b"GET", &rkey]).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let no_cache = RedisStore::builder(store.policy().clone())
+        let no_cache = RedisStore::builder("limit", store.policy().clone())
             .namespace("ttl-test")
             .negative_cache(0)
             .build(conn.clone())
@@ -371,11 +371,13 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
         );
 
         // A short quota: the key disappears once the bucket is full again.
-        let short =
-            RedisStore::builder(Limit::token_bucket(Quota::per_second(100).unwrap()).unwrap())
-                .namespace("ttl-test")
-                .build(conn.clone())
-                .unwrap();
+        let short = RedisStore::builder(
+            "short",
+            Limit::token_bucket(Quota::per_second(100).unwrap()).unwrap(),
+        )
+        .namespace("ttl-test")
+        .build(conn.clone())
+        .unwrap();
         // (Another key: a key's state is one under every policy.)
         let key = format!("{key}-short");
         assert!(short.check(&key, 2).await.unwrap().is_allowed());
@@ -388,6 +390,7 @@ fn ttl_is_time_to_fresh_and_values_are_integers() {
 
         // Several limits: one key, all words integers.
         let multi = RedisStore::builder(
+            "multi",
             Policy::new(Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap())
                 .and(Limit::sliding_window(Quota::per_minute(100).unwrap()).unwrap())
                 .unwrap()
@@ -423,6 +426,7 @@ fn exceeds_and_source() {
     rt.block_on(async {
         let conn = RedisConnection::connect(&target.url()).await.unwrap();
         let store = RedisStore::new(
+            "limit",
             Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap(),
             conn,
         )
@@ -447,7 +451,7 @@ fn a_day_window_ends_at_the_same_instant_in_memory_and_on_redis() {
     rt.block_on(async {
         let conn = RedisConnection::connect(&target.url()).await.unwrap();
         let limit = Limit::fixed_window(Quota::per_day(1).unwrap()).unwrap();
-        let redis = RedisStore::builder(limit.clone())
+        let redis = RedisStore::builder("limit", limit.clone())
             .namespace("day-test")
             .negative_cache(0)
             .build(conn)
@@ -476,7 +480,7 @@ fn api_keys_are_not_readable_in_key_names() {
     rt.block_on(async {
         let (mut con, conn) = connections(&target).await;
         let limit = Limit::token_bucket(Quota::per_second(5).unwrap()).unwrap();
-        let store = RedisStore::builder(limit.clone())
+        let store = RedisStore::builder("limit", limit.clone())
             .namespace("secret-test")
             .build(conn.clone())
             .unwrap();
@@ -492,7 +496,7 @@ fn api_keys_are_not_readable_in_key_names() {
             );
         }
         // The readable mode, for debugging, writes it as it is.
-        let readable = RedisStore::builder(limit)
+        let readable = RedisStore::builder("limit", limit)
             .namespace("secret-test")
             .readable_keys(true)
             .build(conn)

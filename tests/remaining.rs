@@ -86,7 +86,7 @@ async fn a_queues_nodelay_units_count_as_remaining_on_redis() {
     for (i, policy) in policies().into_iter().enumerate() {
         let clock = ManualClock::at(Duration::from_secs(1_800_000_000));
         let builder = || {
-            RedisStore::builder(policy.clone())
+            RedisStore::builder("limit", policy.clone())
                 .namespace(&ns)
                 .clock(clock.clone())
                 .negative_cache(0)

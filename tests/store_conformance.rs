@@ -51,7 +51,7 @@ async fn the_redis_store_passes() {
         .await
         .unwrap();
     conformance::check(|clock| {
-        tollgate::store::RedisStore::builder(any_policy())
+        tollgate::store::RedisStore::builder("limit", any_policy())
             .clock(clock)
             // Semantics, not latency: a refusal remembered locally, or a stalled machine
             // turning a call into the fallback's decision, is another test's subject.

@@ -9,6 +9,7 @@ use super::answer::{FairReplies, WORDING};
 use super::memory::MemoryFair;
 use super::service::{Shares, Sharing};
 use super::share::{Pool, Share};
+use super::store::sealed::Attach;
 use crate::error::ConfigError;
 use crate::gate::CommonOptions;
 use crate::gate::Gated;
@@ -127,7 +128,7 @@ impl<X> FairLimitBuilder<X> {
 
     /// Builds the layer on `store` ([`MemoryFair`] with a clock or a budget of your own,
     /// or `RedisFair` to share the pool across instances).
-    pub fn build_with<St>(self, store: St) -> Result<FairLimitLayer<X, St>, ConfigError> {
+    pub fn build_with<St: Attach>(self, store: St) -> Result<FairLimitLayer<X, St>, ConfigError> {
         // Without braces: the label is the pool's Redis hash tag.
         let on_error = self.common.on_error;
         let common = self.common.build(b"{}", &WORDING)?;
@@ -135,6 +136,7 @@ impl<X> FairLimitBuilder<X> {
             ConfigError::Fair("no share: call FairLimitBuilder::share or share_by".into())
         })?;
         let pool = Pool::new(&common.label, self.pool, self.period)?;
+        store.attach(&pool)?;
         let one = match &shares {
             Shares::One(s) => Some(s),
             Shares::By(_) => None,

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hashbrown::HashMap;
 
 use super::share::{decide, key_is_fresh, FairDecision, KeyState, Pool, PoolState, Share};
-use super::store::{sealed::Backend, FairStore};
+use super::store::{
+    sealed::{Attach, Backend},
+    FairStore,
+};
 use crate::clock::{Clock, TokioClock};
 use crate::store::StoreFuture;
 
@@ -136,6 +139,8 @@ where
         decide(pool, share, &mut s.pool, k, now)
     }
 }
+
+impl<K, C> Attach for MemoryFair<K, C> {}
 
 impl<K, C> Backend<K> for MemoryFair<K, C>
 where

@@ -1,17 +1,21 @@
 //! `RedisFair`: a pool and its keys' states shared by every instance through Redis.
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::Script;
 
 use super::share::{FairDecision, Pool, Share, MAX_SHARE_INTERVAL};
-use super::store::{sealed::Backend, FairStore};
+use super::store::{
+    sealed::{Attach, Backend},
+    FairStore,
+};
 use crate::clock::Clock;
 use crate::error::{ConfigError, StoreError};
 use crate::redis::{
-    key_prefix, push_sha1_hex, Breaker, BreakerState, OwnClock, RedisBuilder, RedisConnection,
+    push_sha1_hex, store_prefix, Breaker, BreakerState, Claim, Common, OwnClock, RedisBuilder,
+    RedisConnection,
 };
 use crate::store::{KeyBytes, StoreFuture};
 
@@ -33,16 +37,19 @@ impl RedisBuilder<ForRedisFair> {
     /// Builds the store on `connection`. Refuses a bad namespace and a zero deadline.
     pub fn build(self, connection: impl Into<RedisConnection>) -> Result<RedisFair, ConfigError> {
         let common = self.common;
-        common.check_namespace()?;
+        common.check_names()?;
         common.check_deadline()?;
+        let conn: RedisConnection = connection.into();
         Ok(RedisFair {
             inner: Arc::new(Inner {
-                conn: connection.into(),
-                prefix: key_prefix(&common.namespace, "fair:v1"),
-                deadline: common.deadline,
                 // The breaker's cooldown runs on the store's clock, so tests drive it too.
-                breaker: common.breaker(common.clock()),
-                clock: common.clock,
+                breaker: common.breaker(common.clock(), &conn),
+                conn,
+                prefix: store_prefix(&common.namespace, &common.name, KIND),
+                claims: Mutex::new(Vec::new()),
+                deadline: common.deadline,
+                clock: common.clock.clone(),
+                common,
             }),
         })
     }
@@ -56,11 +63,18 @@ pub struct RedisFair {
     inner: Arc<Inner>,
 }
 
+/// The kind part of the store's key names, with the layout's version.
+const KIND: &str = "fair:v2";
+
 struct Inner {
     conn: RedisConnection,
-    /// `{namespace}:fair:v1:{`: the label and `}` follow (the pool's key), then `:` and
-    /// the key's hash (the key's).
+    /// `{namespace}:{name}:fair:v2:{`: the label and `}` follow (the pool's key), then `:`
+    /// and the key's hash (the key's).
     prefix: Vec<u8>,
+    /// The store's identity on its connection for each pool (label) a layer shares on it.
+    claims: Mutex<Vec<(Arc<str>, Claim)>>,
+    /// The builder's settings (for the claims).
+    common: Common,
     deadline: Duration,
     breaker: Breaker,
     clock: Option<Arc<dyn Clock>>,
@@ -77,10 +91,12 @@ impl fmt::Debug for RedisFair {
 }
 
 impl RedisFair {
-    /// A builder: namespace `tollgate`, deadline 20 ms, breaker open after 3 failures
-    /// for 500 ms, the server's clock.
-    pub fn builder() -> RedisBuilder<ForRedisFair> {
-        RedisBuilder::new(ForRedisFair)
+    /// Starts building the store named `name` (the pools' identity in Redis: stores share
+    /// a pool's state only under the same name and label; see
+    /// [`RedisStore::builder`](crate::store::RedisStore::builder)): namespace `tollgate`,
+    /// deadline 20 ms, breaker open after 3 failures for 500 ms, the server's clock.
+    pub fn builder(name: &str) -> RedisBuilder<ForRedisFair> {
+        RedisBuilder::new(name, ForRedisFair)
     }
 
     /// The circuit breaker's state now.
@@ -88,9 +104,10 @@ impl RedisFair {
         self.inner.breaker.state()
     }
 
-    /// A store with the default namespace (`tollgate`) and deadline (20 ms).
-    pub fn new(connection: impl Into<RedisConnection>) -> Result<Self, ConfigError> {
-        Self::builder().build(connection)
+    /// The store named `name` with the default namespace (`tollgate`) and deadline
+    /// (20 ms).
+    pub fn new(name: &str, connection: impl Into<RedisConnection>) -> Result<Self, ConfigError> {
+        Self::builder(name).build(connection)
     }
 }
 
@@ -138,7 +155,6 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 .breaker
                 .call(
                     inner.deadline,
-                    inner.deadline,
                     || inner.conn.eval_script(script, &keys, &args),
                     |_| {},
                 )
@@ -163,3 +179,31 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
 }
 
 impl<K: KeyBytes + Send + Sync + 'static> FairStore<K> for RedisFair {}
+
+impl Attach for RedisFair {
+    /// Claims the store's name for the pool `pool.label` with its parameters: refused
+    /// when another store of this connection with the same name shares that pool with
+    /// other parameters.
+    fn attach(&self, pool: &Pool) -> Result<(), ConfigError> {
+        let inner = &*self.inner;
+        let mut claims = inner.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        let fingerprint = [pool.t, pool.cap, pool.period]
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, v| {
+                (h ^ v).wrapping_mul(0x0100_0000_01b3)
+            });
+        let applies = format!(
+            "the pool {:?} at one unit per {} ns, {} ns of burst",
+            pool.label, pool.t, pool.cap
+        );
+        if let Some((_, c)) = claims.iter().find(|(l, _)| *l == pool.label) {
+            return c.update(fingerprint, applies);
+        }
+        let kind = format!("{KIND}:{}", pool.label);
+        let claim = inner
+            .common
+            .claim(&inner.conn, &kind, fingerprint, applies)?;
+        claims.push((pool.label.clone(), claim));
+        Ok(())
+    }
+}

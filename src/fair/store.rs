@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::share::{FairDecision, Pool, Share};
+use crate::error::ConfigError;
 use crate::store::StoreFuture;
 
 /// Where a pool and its keys' states live: [`MemoryFair`](super::MemoryFair) (the
@@ -11,10 +12,16 @@ use crate::store::StoreFuture;
 ///
 /// The trait is sealed: its methods are the layer's business and may change between
 /// releases. See the [module docs](super).
-pub trait FairStore<K>: sealed::Backend<K> {}
+pub trait FairStore<K>: sealed::Backend<K> + sealed::Attach {}
 
 /// A shared store, or one chosen at run time: `Arc<dyn FairStore<K>>`.
 impl<K, S: FairStore<K> + ?Sized> FairStore<K> for Arc<S> {}
+
+impl<S: sealed::Attach + ?Sized> sealed::Attach for Arc<S> {
+    fn attach(&self, pool: &Pool) -> Result<(), ConfigError> {
+        (**self).attach(pool)
+    }
+}
 
 impl<K, S: FairStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
     fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
@@ -23,7 +30,17 @@ impl<K, S: FairStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
 }
 
 pub(crate) mod sealed {
-    use super::{FairDecision, Pool, Share, StoreFuture};
+    use super::{ConfigError, FairDecision, Pool, Share, StoreFuture};
+
+    /// What a layer tells its store when it is built on it.
+    pub trait Attach {
+        /// A layer sharing `pool` is built on the store: refused when the store shares the
+        /// pool's state with another that applies other parameters. The default accepts.
+        fn attach(&self, pool: &Pool) -> Result<(), ConfigError> {
+            let _ = pool;
+            Ok(())
+        }
+    }
 
     /// The store's side of the layer's contract.
     pub trait Backend<K>: Send + Sync + 'static {

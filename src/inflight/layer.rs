@@ -8,7 +8,7 @@ use http::{HeaderName, Request};
 use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
 use super::service::Slots;
-use super::store::Limits;
+use super::store::{sealed::Attach, Limits};
 use crate::deadline::DeadlineSources;
 use crate::error::ConfigError;
 use crate::gate::CommonOptions;
@@ -144,7 +144,10 @@ impl<X> InFlightLimitBuilder<X> {
     /// Builds the layer on `store`: a `RedisInFlight` (feature `redis`) shared by every
     /// instance, or a [`MemoryInFlight`] shared with other layers. The store must be an
     /// [`InFlightStore`](super::InFlightStore) of the extractor's key type for the layer to make services.
-    pub fn build_with<St>(self, store: St) -> Result<InFlightLimitLayer<X, St>, ConfigError> {
+    pub fn build_with<St: Attach>(
+        self,
+        store: St,
+    ) -> Result<InFlightLimitLayer<X, St>, ConfigError> {
         let deadlines = match self.deadline_header {
             None => DeadlineSources::default(),
             Some(name) => DeadlineSources::with_header(
@@ -155,6 +158,7 @@ impl<X> InFlightLimitBuilder<X> {
         let on_error = self.common.on_error;
         let common = self.common.build(b"", &WORDING)?;
         let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
+        store.attach(&self.limits)?;
         Ok(InFlightLimitLayer {
             shared: Arc::new(Gated {
                 common,

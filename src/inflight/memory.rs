@@ -13,7 +13,7 @@ use hashbrown::HashTable;
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 
-use super::store::sealed::Backend;
+use super::store::sealed::{Attach, Backend};
 use super::store::Acquired;
 use super::store::Acquiring;
 use super::store::Attempt;
@@ -366,6 +366,8 @@ impl<K: Hash + Eq + Send + Sync + 'static> Backend<K> for MemoryInFlight<K> {
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static> InFlightStore<K> for MemoryInFlight<K> {}
+
+impl<K> Attach for MemoryInFlight<K> {}
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,7 @@ use std::{
 use ::redis::Script;
 use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
 
-use super::store::sealed::Backend;
+use super::store::sealed::{Attach, Backend};
 use super::store::Acquired;
 use super::store::Acquiring;
 use super::store::Attempt;
@@ -26,7 +26,9 @@ use super::store::Release;
 use crate::error::{ConfigError, StoreError};
 use crate::observe::outage;
 use crate::observe::OncePerSecond;
-use crate::redis::{within, Breaker, BreakerState, KeyNames, RedisBuilder, RedisConnection};
+use crate::redis::{
+    within, Breaker, BreakerState, Claim, Common, KeyNames, RedisBuilder, RedisConnection,
+};
 use crate::store::KeyBytes;
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
@@ -115,7 +117,7 @@ impl RedisBuilder<ForRedisInFlight> {
         connection: impl Into<RedisConnection>,
     ) -> Result<RedisInFlight, ConfigError> {
         let common = &self.common;
-        common.check_namespace()?;
+        common.check_names()?;
         if self.own.ttl < Duration::from_millis(30)
             || self.own.ttl > Duration::from_secs(366 * 86_400)
         {
@@ -126,15 +128,17 @@ impl RedisBuilder<ForRedisInFlight> {
         }
         common.check_deadline()?;
         let ttl_ms = self.own.ttl.as_millis() as u64;
+        let conn: RedisConnection = connection.into();
         Ok(RedisInFlight {
             leases: Arc::new(Leases {
-                conn: connection.into(),
-                names: KeyNames::new(&common.namespace, "inflight:v1", false),
+                breaker: common.breaker(common.clock(), &conn),
+                conn,
+                names: common.key_names(KIND, false),
+                claim: Mutex::new(None),
+                common: common.clone(),
                 ttl_ms: itoa::Buffer::new().format(ttl_ms).as_bytes().into(),
                 period: Duration::from_millis(ttl_ms / 3),
                 deadline: common.deadline,
-                // No clock can be set: the breaker runs on tokio's.
-                breaker: common.breaker(common.clock()),
                 instance: format!("{:016x}", random_u64()),
                 counter: AtomicU64::new(0),
                 held: Mutex::new(Held::default()),
@@ -169,17 +173,22 @@ impl fmt::Debug for RedisInFlight {
 }
 
 impl RedisInFlight {
-    /// Starts a builder: namespace `tollgate`, lease TTL 30 s, deadline 20 ms, breaker
-    /// open after 3 failures for 500 ms.
-    pub fn builder() -> RedisBuilder<ForRedisInFlight> {
-        RedisBuilder::new(ForRedisInFlight {
-            ttl: Duration::from_secs(30),
-        })
+    /// Starts building the store named `name` (the limit's identity in Redis: stores
+    /// share each key's count only under the same name; see
+    /// [`RedisStore::builder`](crate::store::RedisStore::builder)): namespace `tollgate`,
+    /// lease TTL 30 s, deadline 20 ms, breaker open after 3 failures for 500 ms.
+    pub fn builder(name: &str) -> RedisBuilder<ForRedisInFlight> {
+        RedisBuilder::new(
+            name,
+            ForRedisInFlight {
+                ttl: Duration::from_secs(30),
+            },
+        )
     }
 
-    /// A store with the defaults of [`RedisInFlight::builder`].
-    pub fn new(connection: impl Into<RedisConnection>) -> Result<Self, ConfigError> {
-        Self::builder().build(connection)
+    /// The store named `name` with the defaults of [`RedisInFlight::builder`].
+    pub fn new(name: &str, connection: impl Into<RedisConnection>) -> Result<Self, ConfigError> {
+        Self::builder(name).build(connection)
     }
 
     /// How many requests of `key` are in flight now, across every instance (live leases).
@@ -219,9 +228,36 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisInFlight {
 
 impl<K: KeyBytes + Send + Sync + 'static> InFlightStore<K> for RedisInFlight {}
 
+impl Attach for RedisInFlight {
+    /// Claims the store's name for `limits.max` leases per key: refused when another store
+    /// of this connection with the same name allows another number.
+    fn attach(&self, limits: &Limits) -> Result<(), ConfigError> {
+        let l = &self.leases;
+        let mut claim = lock(&l.claim);
+        let applies = format!("at most {} in flight per key", limits.max);
+        match &*claim {
+            Some(c) => c.update(u64::from(limits.max), applies),
+            None => {
+                *claim = Some(
+                    l.common
+                        .claim(&l.conn, KIND, u64::from(limits.max), applies)?,
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The kind part of the store's key names, with the layout's version.
+const KIND: &str = "inflight:v2";
+
 struct Leases {
     conn: RedisConnection,
     names: KeyNames,
+    /// The store's identity on its connection, once a layer is built on it.
+    claim: Mutex<Option<Claim>>,
+    /// The builder's settings (for the claim).
+    common: Common,
     /// The TTL in ms, as the scripts' argument.
     ttl_ms: Box<[u8]>,
     /// Between two renewals.
@@ -284,7 +320,6 @@ impl Leases {
         let result = self
             .breaker
             .call(
-                self.deadline,
                 self.deadline,
                 || self.conn.eval_script(script, &keys, args),
                 |_| {},

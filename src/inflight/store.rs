@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::error::StoreError;
+use crate::error::{ConfigError, StoreError};
 use crate::observe::Held;
 
 /// Where the in-flight counts live: [`MemoryInFlight`](super::MemoryInFlight) (the
@@ -17,10 +17,16 @@ use crate::observe::Held;
 ///
 /// The trait is sealed: its methods are the layer's business and may change between
 /// releases. See the [module docs](super).
-pub trait InFlightStore<K>: sealed::Backend<K> {}
+pub trait InFlightStore<K>: sealed::Backend<K> + sealed::Attach {}
 
 /// A shared store, or one chosen at run time: `Arc<dyn InFlightStore<K>>`.
 impl<K, S: InFlightStore<K> + ?Sized> InFlightStore<K> for Arc<S> {}
+
+impl<S: sealed::Attach + ?Sized> sealed::Attach for Arc<S> {
+    fn attach(&self, limits: &Limits) -> Result<(), ConfigError> {
+        (**self).attach(limits)
+    }
+}
 
 impl<K, S: InFlightStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
     fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
@@ -29,7 +35,17 @@ impl<K, S: InFlightStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
 }
 
 pub(crate) mod sealed {
-    use super::{Attempt, Limits};
+    use super::{Attempt, ConfigError, Limits};
+
+    /// What a layer tells its store when it is built on it.
+    pub trait Attach {
+        /// A layer applying `limits` is built on the store: refused when the store shares
+        /// its counts with another that applies other limits. The default accepts.
+        fn attach(&self, limits: &Limits) -> Result<(), ConfigError> {
+            let _ = limits;
+            Ok(())
+        }
+    }
 
     /// The store's side of the layer's contract.
     pub trait Backend<K>: Send + Sync + 'static {

@@ -107,8 +107,7 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
             for p in set.policies() {
                 <St as Store<Option<K>>>::supports(st, p)?;
             }
-            <St as Store<Option<K>>>::policies_installed(st, set);
-            Ok(())
+            <St as Store<Option<K>>>::policies_installed(st, set)
         };
         for list in [&settings.allow_keys, &settings.deny_keys]
             .into_iter()

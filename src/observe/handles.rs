@@ -63,6 +63,15 @@ series! {
         "Keys held in memory";
     EVICTIONS = counter("tollgate.store.evictions_total", Count):
         "Keys evicted from memory: back to fresh, or with state to fit the memory budget";
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    BREAKER_OPENINGS = counter("tollgate.store.breaker.openings_total", Count):
+        "Times a store's circuit breaker opened, or opened again after a failed probe";
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    RECONNECTS = counter("tollgate.redis.reconnects_total", Count):
+        concat!(
+            "Redis connections replaced, by reason: connection_lost, readonly, masterdown, ",
+            "loading, unresponsive"
+        );
     #[cfg_attr(not(feature = "listener"), allow(dead_code))]
     CONNECTIONS = counter("tollgate.connections_total", Count):
         concat!(

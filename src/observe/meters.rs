@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::handles::{
-    Bind, Count, Held, Level, Timing, ACTIVE_LEASES, BREAKER, ERRORS, EVICTIONS,
-    IN_FLIGHT_REQUESTS, KEYS, OPERATION, QUEUED, RATE_LIMIT_REQUESTS, TIME_IN_QUEUE,
+    Bind, Count, Held, Level, Timing, ACTIVE_LEASES, BREAKER, BREAKER_OPENINGS, ERRORS, EVICTIONS,
+    IN_FLIGHT_REQUESTS, KEYS, OPERATION, QUEUED, RATE_LIMIT_REQUESTS, RECONNECTS, TIME_IN_QUEUE,
 };
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -177,6 +177,7 @@ struct StoreHandles {
     failed: Timing,
     errors: [Count; 3],
     breaker: Level,
+    openings: Count,
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     keys: Level,
     /// The keys held, for a gauge registered after some were added.
@@ -217,6 +218,7 @@ impl StoreMetrics {
                 errors: ["timeout", "circuit_open", "backend"]
                     .map(|t| Count::new(ERRORS, &[store, ("error.type", t)], net)),
                 breaker: Level::new(BREAKER, &[store], net),
+                openings: Count::new(BREAKER_OPENINGS, &[store], Bind::FirstUse),
                 keys: Level::new(KEYS, &[store], mem),
                 #[cfg(feature = "metrics")]
                 held: AtomicI64::new(0),
@@ -248,6 +250,9 @@ impl StoreMetrics {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn breaker(&self, state: u8) {
         self.inner.breaker.set(f64::from(state));
+        if state == 2 {
+            self.inner.openings.add(1);
+        }
     }
 
     /// Keys added (positive) or removed.
@@ -316,5 +321,33 @@ impl InFlightMetrics {
     #[inline]
     pub(crate) fn lease(&self) -> Held {
         self.active.hold()
+    }
+}
+
+/// A Redis connection's metrics: its replacements, by reason.
+#[cfg(feature = "redis")]
+#[derive(Debug)]
+pub(crate) struct RedisMetrics {
+    reconnects: [Count; 5],
+}
+
+#[cfg(feature = "redis")]
+impl RedisMetrics {
+    pub(crate) fn new() -> Self {
+        RedisMetrics {
+            reconnects: [
+                "connection_lost",
+                "readonly",
+                "masterdown",
+                "loading",
+                "unresponsive",
+            ]
+            .map(|r| Count::new(RECONNECTS, &[("tollgate.reason", r)], Bind::FirstUse)),
+        }
+    }
+
+    /// A replacement of the connection began, for `reason` (its index in the list above).
+    pub(crate) fn reconnecting(&self, reason: usize) {
+        self.reconnects[reason].add(1);
     }
 }

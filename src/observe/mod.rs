@@ -18,6 +18,8 @@ pub(crate) use self::handles::{Bind, Count, Held, RATE_LIMIT_REQUESTS};
 #[cfg(feature = "listener")]
 pub(crate) use self::handles::{Level, CONNECTIONS, HEAD_TIMEOUTS, OPEN_CONNECTIONS};
 use self::handles::{DEGRADED, SCREENED};
+#[cfg(feature = "redis")]
+pub(crate) use self::meters::RedisMetrics;
 pub(crate) use self::meters::{Counted, InFlightMetrics, PolicyMetrics, StoreMetrics};
 use crate::decision::{Decision, Source};
 use crate::error::StoreError;
@@ -223,6 +225,41 @@ impl OncePerSecond {
     /// Whether this is the first call in the current second of `now_secs`.
     pub(crate) fn first(&self, now_secs: u64) -> bool {
         self.0.swap(now_secs, Ordering::Relaxed) != now_secs
+    }
+}
+
+/// Events of one kind logged at most once per [`Throttle::INTERVAL_MS`]: the first is
+/// logged, the others counted, and the next logged one says how many were left out (an
+/// outage would otherwise log its breaker's every probe).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    /// When the last event was logged, in the caller's milliseconds (0: never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl Throttle {
+    /// The shortest time between two logged events.
+    pub(crate) const INTERVAL_MS: u64 = 10_000;
+
+    /// `Some(n)` when an event at `now_ms` (milliseconds on any clock that does not go
+    /// back, above 0) is to be logged, `n` the events left out since the last one logged;
+    /// `None` when it is left out.
+    pub(crate) fn first(&self, now_ms: u64) -> Option<u64> {
+        let last = self.last.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms.saturating_sub(last) >= Self::INTERVAL_MS;
+        if due
+            && self
+                .last
+                .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
     }
 }
 

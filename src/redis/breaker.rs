@@ -10,7 +10,9 @@ use std::{
     time::Duration,
 };
 
+use super::connection::RedisConnection;
 use super::deadline::within;
+use crate::observe::Throttle;
 use crate::{clock::Clock, error::StoreError};
 
 /// The state of a Redis-backed store's circuit breaker
@@ -46,15 +48,26 @@ struct Inner {
     failures: u32,
     /// When it opened, in the store clock's nanoseconds.
     opened_at: u64,
+    /// The connection's generation when it opened: a connection rebuilt since is probed
+    /// at once, without waiting out the cooldown.
+    opened_generation: u64,
     probe_in_flight: bool,
+    /// When the current outage began (the first opening since it was last closed).
+    outage_since: u64,
 }
 
-/// Consecutive-failure breaker with a cooldown and a single half-open probe.
+/// Consecutive-failure breaker with a cooldown and a single half-open probe. Its openings
+/// and closings are logged at most once per [`Throttle::INTERVAL_MS`] each, with how many
+/// were left out.
 pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     clock: Arc<dyn Clock>,
+    /// The connection the store calls through (for its generation; none in unit tests).
+    conn: Option<RedisConnection>,
     inner: Mutex<Inner>,
+    opened_log: Throttle,
+    closed_log: Throttle,
     /// `state == Closed && failures == 0`, republished under the lock after every change:
     /// the healthy steady state takes no lock at all.
     clean: AtomicBool,
@@ -78,7 +91,12 @@ pub(crate) enum Permit {
 }
 
 impl Breaker {
-    pub(crate) fn new(threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(
+        threshold: u32,
+        cooldown: Duration,
+        clock: Arc<dyn Clock>,
+        conn: Option<&RedisConnection>,
+    ) -> Self {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
@@ -86,23 +104,32 @@ impl Breaker {
                 state: BreakerState::Closed,
                 failures: 0,
                 opened_at: clock.now(),
+                opened_generation: 0,
                 probe_in_flight: false,
+                outage_since: 0,
             }),
             clean: AtomicBool::new(true),
             clock,
+            conn: conn.cloned(),
+            opened_log: Throttle::default(),
+            closed_log: Throttle::default(),
         }
+    }
+
+    /// The store clock's time in ms (at least 1), for the logs' throttles.
+    fn millis(&self) -> u64 {
+        self.clock.now() / 1_000_000 + 1
     }
 
     /// Makes the call `make` returns under the breaker and `deadline`: refused at once
     /// with [`StoreError::CircuitOpen`] while the breaker is open (the call is not made),
     /// otherwise made, its failure or missed deadline counted toward opening it.
-    /// `changed` hears each change of state the call's outcome makes. A `deadline` shorter
-    /// than the store's own deadline `own` is the time the request has left (a
-    /// [`Budget`](super::deadline::Budget)): a call that misses it is not counted as a
-    /// failure of Redis (it may not have had the time a call needs).
+    /// `changed` hears each change of state the call's outcome makes. A `deadline` may be
+    /// shorter than the store's own (the time the request has left, a
+    /// [`Budget`](super::deadline::Budget)): a call that misses it counts all the same, as
+    /// Redis did not answer in the time the request had.
     pub(crate) async fn call<T, F>(
         &self,
-        own: Duration,
         deadline: Duration,
         make: impl FnOnce() -> F,
         changed: impl FnOnce(BreakerState),
@@ -114,7 +141,7 @@ impl Breaker {
             return Err(StoreError::CircuitOpen);
         };
         let result = within(deadline, make()).await;
-        if let Some(state) = entered.finish(own, deadline, &result) {
+        if let Some(state) = entered.finish(&result) {
             changed(state);
         }
         result
@@ -144,9 +171,19 @@ impl Breaker {
         );
     }
 
+    /// Whether an open breaker may probe now: its cooldown has passed, or the connection
+    /// was rebuilt since it opened.
+    fn may_probe(&self, i: &Inner) -> bool {
+        self.cooled(i.opened_at) || self.generation() != i.opened_generation
+    }
+
+    fn generation(&self) -> u64 {
+        self.conn.as_ref().map_or(0, RedisConnection::generation)
+    }
+
     pub(crate) fn state(&self) -> BreakerState {
         let i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if i.state == BreakerState::Open && self.cooled(i.opened_at) {
+        if i.state == BreakerState::Open && self.may_probe(&i) {
             BreakerState::HalfOpen
         } else {
             i.state
@@ -161,14 +198,14 @@ impl Breaker {
         let mut i = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match i.state {
             BreakerState::Closed => Some(Permit::Call),
-            BreakerState::Open if !self.cooled(i.opened_at) => None,
+            BreakerState::Open if !self.may_probe(&i) => None,
             BreakerState::Open | BreakerState::HalfOpen => {
                 if i.probe_in_flight {
                     return None;
                 }
                 if i.state == BreakerState::Open {
                     i.state = BreakerState::HalfOpen;
-                    tracing::info!(target: "tollgate::redis", "circuit breaker half-open: probing Redis");
+                    tracing::debug!(target: "tollgate::redis", "circuit breaker half-open: probing Redis");
                 }
                 i.probe_in_flight = true;
                 Some(Permit::Probe)
@@ -186,7 +223,16 @@ impl Breaker {
         let change = (permit == Permit::Probe).then(|| {
             i.probe_in_flight = false;
             i.state = BreakerState::Closed;
-            tracing::info!(target: "tollgate::redis", "circuit breaker closed: Redis answers again");
+            let now = self.clock.now();
+            let outage = Duration::from_nanos(now.saturating_sub(i.outage_since));
+            if let Some(suppressed) = self.closed_log.first(self.millis()) {
+                tracing::info!(
+                    target: "tollgate::redis",
+                    ?outage,
+                    suppressed,
+                    "circuit breaker closed: Redis answers again (logged at most once per 10 s; `suppressed`: closings since the last line)"
+                );
+            }
             BreakerState::Closed
         });
         self.publish(&i);
@@ -213,25 +259,38 @@ impl Breaker {
         self.clean.store(false, Ordering::Release);
         if permit == Permit::Probe {
             i.probe_in_flight = false;
-            i.state = BreakerState::Open;
-            i.opened_at = self.clock.now();
-            tracing::warn!(target: "tollgate::redis", error = %what, "circuit breaker re-opened: probe failed");
+            self.open(&mut i, what, "circuit breaker opened again: probe failed");
             return Some(BreakerState::Open);
         }
         i.failures = i.failures.saturating_add(1);
         if i.state != BreakerState::Closed || i.failures < self.threshold {
             return None;
         }
-        i.state = BreakerState::Open;
-        i.opened_at = self.clock.now();
-        tracing::warn!(
-            target: "tollgate::redis",
-            error = %what,
-            failures = i.failures,
-            cooldown = ?self.cooldown,
-            "circuit breaker opened: Redis is not called until the cooldown has passed"
+        i.outage_since = self.clock.now();
+        self.open(
+            &mut i,
+            what,
+            "circuit breaker opened: Redis is not called until the cooldown has passed",
         );
         Some(BreakerState::Open)
+    }
+
+    /// Opens the breaker, logging `message` unless another opening was logged within the
+    /// throttle's interval.
+    fn open(&self, i: &mut Inner, what: &dyn std::fmt::Display, message: &str) {
+        i.state = BreakerState::Open;
+        i.opened_at = self.clock.now();
+        i.opened_generation = self.generation();
+        if let Some(suppressed) = self.opened_log.first(self.millis()) {
+            tracing::warn!(
+                target: "tollgate::redis",
+                error = %what,
+                failures = i.failures,
+                cooldown = ?self.cooldown,
+                suppressed,
+                "{message} (logged at most once per 10 s; `suppressed`: openings since the last line)"
+            );
+        }
     }
 }
 
@@ -240,18 +299,9 @@ impl Breaker {
 pub(crate) struct Entered<'a>(PermitGuard<'a>);
 
 impl Entered<'_> {
-    /// Counts the call's `result` (made under `deadline`, the store's own being `own`, as
-    /// in [`Breaker::call`]); the state it moved the breaker to, if it did.
-    pub(crate) fn finish<T>(
-        mut self,
-        own: Duration,
-        deadline: Duration,
-        result: &Result<T, StoreError>,
-    ) -> Option<BreakerState> {
-        if deadline < own && matches!(result, Err(StoreError::Timeout(_))) {
-            // Dropping the guard gives a probe's permit back.
-            return None;
-        }
+    /// Counts the call's `result` (a missed deadline as a failure, whatever the deadline,
+    /// as in [`Breaker::call`]); the state it moved the breaker to, if it did.
+    pub(crate) fn finish<T>(mut self, result: &Result<T, StoreError>) -> Option<BreakerState> {
         self.0.done = true;
         let (breaker, permit) = (self.0.breaker, self.0.permit);
         match result {
@@ -283,7 +333,7 @@ mod tests {
     #[test]
     fn opens_probes_and_closes() {
         let clock = crate::clock::ManualClock::new();
-        let b = Breaker::new(2, Duration::from_millis(30), Arc::new(clock.clone()));
+        let b = Breaker::new(2, Duration::from_millis(30), Arc::new(clock.clone()), None);
         let p = b.permit().unwrap();
         assert_eq!(b.failure(p, &"x"), None);
         assert_eq!(b.state(), BreakerState::Closed);

@@ -3,7 +3,8 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use super::{breaker::Breaker, deadline, keys};
+use super::claims::{self, Claim};
+use super::{breaker::Breaker, connection::RedisConnection, deadline, keys, KeyNames};
 use crate::clock::{Clock, TokioClock};
 use crate::error::ConfigError;
 use crate::setters::setters;
@@ -13,6 +14,8 @@ use crate::setters::setters;
 #[derive(Clone)]
 pub(crate) struct Common {
     pub(crate) namespace: String,
+    /// The store's name: its limit's identity in key names.
+    pub(crate) name: String,
     pub(crate) deadline: Duration,
     /// Consecutive failures that open the breaker, and how long it stays open.
     pub(crate) breaker: (u32, Duration),
@@ -26,6 +29,7 @@ impl Default for Common {
     fn default() -> Self {
         Common {
             namespace: "tollgate".into(),
+            name: String::new(),
             deadline: Duration::from_millis(20),
             breaker: (3, Duration::from_millis(500)),
             clock: None,
@@ -37,6 +41,7 @@ impl fmt::Debug for Common {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Common")
             .field("namespace", &self.namespace)
+            .field("name", &self.name)
             .field("deadline", &self.deadline)
             .field("breaker", &self.breaker)
             .field("own_clock", &self.clock.is_some())
@@ -45,9 +50,34 @@ impl fmt::Debug for Common {
 }
 
 impl Common {
-    /// Refuses a bad namespace.
-    pub(crate) fn check_namespace(&self) -> Result<(), ConfigError> {
-        keys::check_namespace(&self.namespace)
+    /// Refuses a bad namespace or name.
+    pub(crate) fn check_names(&self) -> Result<(), ConfigError> {
+        keys::check_namespace(&self.namespace)?;
+        claims::check_name(&self.name)
+    }
+
+    /// The key names of this store, of `kind`.
+    pub(crate) fn key_names(&self, kind: &str, readable: bool) -> KeyNames {
+        KeyNames::new(&self.namespace, &self.name, kind, readable)
+    }
+
+    /// Claims this store's identity (of `kind`) on `conn` for limits of `fingerprint`
+    /// (`applies` in words).
+    pub(crate) fn claim(
+        &self,
+        conn: &RedisConnection,
+        kind: &str,
+        fingerprint: u64,
+        applies: String,
+    ) -> Result<Claim, ConfigError> {
+        Claim::new(
+            conn,
+            &self.namespace,
+            kind,
+            &self.name,
+            fingerprint,
+            applies,
+        )
     }
 
     /// Refuses a zero deadline.
@@ -63,9 +93,9 @@ impl Common {
         }
     }
 
-    /// The circuit breaker, its cooldown on `clock`.
-    pub(crate) fn breaker(&self, clock: Arc<dyn Clock>) -> Breaker {
-        Breaker::new(self.breaker.0, self.breaker.1, clock)
+    /// The circuit breaker of a store calling through `conn`, its cooldown on `clock`.
+    pub(crate) fn breaker(&self, clock: Arc<dyn Clock>, conn: &RedisConnection) -> Breaker {
+        Breaker::new(self.breaker.0, self.breaker.1, clock, Some(conn))
     }
 }
 
@@ -86,17 +116,21 @@ pub struct RedisBuilder<S> {
 pub trait OwnClock {}
 
 impl<S> RedisBuilder<S> {
-    pub(crate) fn new(own: S) -> Self {
+    pub(crate) fn new(name: &str, own: S) -> Self {
         RedisBuilder {
-            common: Common::default(),
+            common: Common {
+                name: name.to_owned(),
+                ..Common::default()
+            },
             own,
         }
     }
 
     setters! {
-        /// The first part of every key (default `tollgate`). Printable ASCII, no spaces or
-        /// braces. Instances and layers share state when they share a namespace and a key (a
-        /// fair-share pool: a label).
+        /// The first part of every key (default `tollgate`): an application's, when several
+        /// share one Redis. Printable ASCII, no spaces or braces. Stores share a key's state
+        /// only when they share the namespace and the store's name (see the
+        /// [module docs](crate::store::redis#identity-which-stores-share-state)).
         namespace(namespace: impl Into<String>) => common.namespace = namespace.into();
 
         /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A

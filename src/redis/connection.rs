@@ -3,31 +3,31 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use ::redis::{
-    aio::ConnectionManager, cluster_async::ClusterConnection, Cmd, FromRedisValue, Pipeline,
-};
+use ::redis::{cluster_async::ClusterConnection, Cmd, FromRedisValue, Pipeline};
 
+use super::node::{Node, NodeHandle};
 use super::script::{self, Invocation};
+use super::target::{Target, CONNECT_TIMEOUT};
 use crate::error::StoreError;
 
-/// A connection to Redis or to a Redis Cluster: the only place redis-rs types meet
-/// tollgate's API. Cheap to clone (one multiplexed connection is shared).
-///
-/// See the [`store::redis`](crate::store::redis) module docs.
+/// A connection to Redis (one server, or the master of a Sentinel-managed group) or to a
+/// Redis Cluster: the only place redis-rs types meet tollgate's API. Cheap to clone (one
+/// multiplexed connection is shared). A connection to one server rebuilds itself when it
+/// breaks, when its server turns out to be a replica (`READONLY`: a failover), or when it
+/// stops answering; see the [`store::redis`](crate::store::redis) module docs.
 #[derive(Clone)]
 pub struct RedisConnection {
     conn: Conn,
     /// What the stores built on this connection and its clones share (the rate store's
-    /// batcher).
+    /// batcher, the fleet, the names in use).
     attached: Arc<Attached>,
 }
 
 /// The redis-rs connection inside a [`RedisConnection`].
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(NodeHandle),
     Cluster(ClusterConnection),
 }
 
@@ -37,13 +37,10 @@ struct Attached(Mutex<Vec<Arc<dyn Any + Send + Sync>>>);
 
 impl fmt::Debug for RedisConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.conn {
-            Conn::Single(_) => "single",
-            Conn::Cluster(_) => "cluster",
-        };
-        f.debug_struct("RedisConnection")
-            .field("kind", &kind)
-            .finish()
+        match &self.conn {
+            Conn::Single(node) => f.debug_tuple("RedisConnection").field(&node.0).finish(),
+            Conn::Cluster(_) => f.write_str("RedisConnection(cluster)"),
+        }
     }
 }
 
@@ -52,18 +49,26 @@ fn backend(e: ::redis::RedisError) -> StoreError {
 }
 
 impl RedisConnection {
-    /// Connects to one Redis server (`redis://host:port/db`) through a redis-rs
-    /// `ConnectionManager`, which reconnects by itself after a failure.
+    /// Connects to one Redis server, or to the master of a Sentinel-managed group:
+    ///
+    /// - `redis://[user:pass@]host:port/db`, `rediss://…` (TLS; see the guide),
+    ///   `redis+unix:///path.sock`: one server, its name resolved again each time the
+    ///   connection is rebuilt (a DNS name or a proxy that follows the master works);
+    /// - `redis+sentinel://[user:pass@]host:port[,host:port…]/master-name[/db]` (port
+    ///   26379 by default; `rediss+sentinel://` for TLS to the sentinels and the master):
+    ///   the master is asked of the sentinels, and asked again whenever the connection is
+    ///   rebuilt. The credentials are sent to both.
+    ///
+    /// A new connection is used only once `ROLE` says its server is a master. Fails when no
+    /// master can be reached now; once connected, the connection rebuilds itself in the
+    /// background when it breaks, when a reply says its server is no longer the master
+    /// (`READONLY`, `MASTERDOWN`, `LOADING`), or when no call is answered for a second.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let client = ::redis::Client::open(url).map_err(backend)?;
-        let config = ::redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
-            .set_max_delay(Duration::from_millis(200));
-        let cm = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(backend)?;
-        Ok(cm.into())
+        let node = Node::connect(Target::parse(url)?).await?;
+        Ok(RedisConnection {
+            conn: Conn::Single(NodeHandle(node)),
+            attached: Arc::default(),
+        })
     }
 
     /// Connects to a Redis Cluster given some of its nodes' URLs.
@@ -74,10 +79,23 @@ impl RedisConnection {
     {
         let nodes: Vec<String> = nodes.into_iter().map(|s| s.as_ref().to_owned()).collect();
         let client = ::redis::cluster::ClusterClientBuilder::new(nodes)
-            .connection_timeout(Duration::from_secs(1))
+            .connection_timeout(CONNECT_TIMEOUT)
             .build()
             .map_err(backend)?;
-        Ok(client.get_async_connection().await.map_err(backend)?.into())
+        let conn = client.get_async_connection().await.map_err(backend)?;
+        Ok(RedisConnection {
+            conn: Conn::Cluster(conn),
+            attached: Arc::default(),
+        })
+    }
+
+    /// How many times the connection has been rebuilt (a cluster connection's own
+    /// reconnections are not counted): a breaker opened before a rebuild probes at once.
+    pub(crate) fn generation(&self) -> u64 {
+        match &self.conn {
+            Conn::Single(node) => node.0.generation(),
+            Conn::Cluster(_) => 0,
+        }
     }
 
     /// The redis-rs connection.
@@ -137,24 +155,6 @@ impl RedisConnection {
         match &self.conn {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await.map_err(backend),
-        }
-    }
-}
-
-impl From<ConnectionManager> for RedisConnection {
-    fn from(cm: ConnectionManager) -> Self {
-        RedisConnection {
-            conn: Conn::Single(cm),
-            attached: Arc::default(),
-        }
-    }
-}
-
-impl From<ClusterConnection> for RedisConnection {
-    fn from(c: ClusterConnection) -> Self {
-        RedisConnection {
-            conn: Conn::Cluster(c),
-            attached: Arc::default(),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Redis key names: `{namespace}:{kind}:{material}` with the material in braces (the
-//! cluster hash tag), `kind` naming the store and its layout (`v3` for the rate store,
-//! `inflight:v1`, `fair:v1`). The material is the SHA-1 of the key's bytes in hex, so a key
+//! Redis key names: `{namespace}:{name}:{kind}:{material}` with the material in braces
+//! (the cluster hash tag), `name` the store's (a limit's identity: stores share state only
+//! under the same name) and `kind` naming the store and its layout (`rate:v4` for the rate
+//! store, `inflight:v2`, `fair:v2`). The material is the SHA-1 of the key's bytes in hex, so a key
 //! name shows no client's API key or address; in readable mode (for debugging) short
 //! printable keys are written as they are.
 
@@ -30,9 +31,14 @@ pub(crate) fn check_namespace(ns: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The key prefix of a store: `{namespace}:{kind}:{`.
+/// The key prefix of what a namespace's stores share (`fleet`): `{namespace}:{kind}:{`.
 pub(crate) fn prefix(namespace: &str, kind: &str) -> Vec<u8> {
     format!("{namespace}:{kind}:{{").into_bytes()
+}
+
+/// The key prefix of the store `name` of `kind`: `{namespace}:{name}:{kind}:{`.
+pub(crate) fn store_prefix(namespace: &str, name: &str, kind: &str) -> Vec<u8> {
+    format!("{namespace}:{name}:{kind}:{{").into_bytes()
 }
 
 /// How one store names its keys: its prefix, and whether short printable key material is
@@ -44,15 +50,15 @@ pub(crate) struct KeyNames {
 }
 
 impl KeyNames {
-    /// The names of a store of `kind` under `namespace`.
-    pub(crate) fn new(namespace: &str, kind: &str, readable: bool) -> Self {
+    /// The names of the store `name` of `kind` under `namespace`.
+    pub(crate) fn new(namespace: &str, name: &str, kind: &str, readable: bool) -> Self {
         KeyNames {
-            prefix: prefix(namespace, kind),
+            prefix: store_prefix(namespace, name, kind),
             readable,
         }
     }
 
-    /// `{namespace}:{kind}:{`.
+    /// `{namespace}:{name}:{kind}:{`.
     pub(crate) fn prefix(&self) -> &[u8] {
         &self.prefix
     }
@@ -114,16 +120,16 @@ mod tests {
 
     #[test]
     fn layout() {
-        let p = KeyNames::new("tollgate", "v3", true);
+        let p = KeyNames::new("tollgate", "api", "rate:v4", true);
         let k = String::from_utf8(redis_key(&p, "192.0.2.1")).unwrap();
-        assert_eq!(k, "tollgate:v3:{192.0.2.1}");
+        assert_eq!(k, "tollgate:api:rate:v4:{192.0.2.1}");
     }
 
     /// Regression: API keys were written into Redis key names as they were, readable with
     /// `SCAN` and `MONITOR`.
     #[test]
     fn key_material_is_hashed_by_default() {
-        let p = KeyNames::new("tollgate", "v3", false);
+        let p = KeyNames::new("tollgate", "api", "rate:v4", false);
         let k = String::from_utf8(redis_key(&p, "sk_live_abc123")).unwrap();
         assert!(!k.contains("sk_live_abc123"), "{k}");
         assert!(k.ends_with(&format!(
@@ -134,7 +140,7 @@ mod tests {
 
     #[test]
     fn long_or_binary_material_is_hashed() {
-        let p = KeyNames::new("t", "v3", true);
+        let p = KeyNames::new("t", "api", "rate:v4", true);
         let long = "x".repeat(65);
         let k = String::from_utf8(redis_key(&p, &long)).unwrap();
         assert!(k.ends_with('}') && k.contains(":{#"), "{k}");

@@ -7,20 +7,25 @@
 
 mod breaker;
 mod builder;
+mod claims;
 mod connection;
 mod deadline;
 mod fleet;
 mod keys;
+mod node;
 mod script;
+mod target;
 
 pub(crate) use breaker::Breaker;
 pub use breaker::BreakerState;
 pub(crate) use builder::Common;
 pub(crate) use builder::OwnClock;
 pub use builder::RedisBuilder;
+pub(crate) use claims::{policies_claim, Claim};
 pub(crate) use connection::Conn;
 pub use connection::RedisConnection;
 pub(crate) use deadline::{current_budget, with_budget, within, Budget};
 pub(crate) use fleet::Fleet;
-pub(crate) use keys::{prefix as key_prefix, push_sha1_hex, KeyNames};
+pub(crate) use keys::{push_sha1_hex, store_prefix, KeyNames};
+pub(crate) use node::NodeHandle;
 pub(crate) use script::{run, Invocation};

@@ -304,8 +304,12 @@ where
         Some(self.run(Op::Check, key, policy, cost))
     }
 
-    fn policies_installed(&self, set: &crate::policy::PolicySet) {
+    fn policies_installed(
+        &self,
+        set: &crate::policy::PolicySet,
+    ) -> Result<(), crate::error::ConfigError> {
         self.tags.installed(set.policies());
+        Ok(())
     }
 
     fn refund(&self, key: &K, policy: &Policy, cost: u64) {

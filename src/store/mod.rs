@@ -96,12 +96,15 @@ pub trait Store<K>: Send + Sync + 'static {
     /// customer unbanned, a test reset). The answer says when the store has applied it.
     fn reset(&self, key: &K) -> StoreFuture<()>;
 
-    /// Called when a layer starts applying `set` (built, or swapped). A store that
-    /// carries a key's state across policies uses it to tell a request begun before a swap
-    /// (still under the old set) from a change of plan: the first is charged to the state
-    /// as the new set wrote it, instead of converting it back. The default does nothing.
-    fn policies_installed(&self, set: &PolicySet) {
+    /// Called when a layer starts applying `set` (built, or swapped); an error refuses the
+    /// layer (or the swap, leaving the old set in force). A store that carries a key's
+    /// state across policies uses it to tell a request begun before a swap (still under the
+    /// old set) from a change of plan: the first is charged to the state as the new set
+    /// wrote it, instead of converting it back. A Redis store checks that no other store
+    /// sharing its keys applies other limits. The default accepts every set.
+    fn policies_installed(&self, set: &PolicySet) -> Result<(), crate::error::ConfigError> {
         let _ = set;
+        Ok(())
     }
 }
 
@@ -216,7 +219,7 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     fn decide_now(&self, key: &K, policy: &Policy, cost: u64) -> Option<Decision> {
         (**self).decide_now(key, policy, cost)
     }
-    fn policies_installed(&self, set: &PolicySet) {
+    fn policies_installed(&self, set: &PolicySet) -> Result<(), crate::error::ConfigError> {
         (**self).policies_installed(set)
     }
     fn settle(&self, key: &K, policy: &Policy, reserved: u64, actual: u64) -> StoreFuture<()> {

@@ -69,9 +69,9 @@ static KEY: AtomicU64 = AtomicU64::new(0);
 
 /// Runs one sequence on both stores, on one manual clock starting at `start_us`
 /// microseconds past the Unix epoch, and compares every decision. Each operation is
-/// decided under one of `policies`: on Redis by a store built for that policy (instances
-/// with other configurations, sharing the key's state), in memory by one store told the
-/// policy per call. One operation at a time: see [`compare_concurrent`].
+/// decided under one of `policies`, each store told the policy per call (as a layer's
+/// plans and swaps tell it): the Redis store converts the key's state between them as an
+/// instance with other quotas would. One operation at a time: see [`compare_concurrent`].
 pub async fn compare(
     conn: &RedisConnection,
     policies: &[Policy],
@@ -107,26 +107,23 @@ pub async fn compare_concurrent(
         KEY.fetch_add(1, Ordering::Relaxed)
     );
     let clock = ManualClock::at(Duration::from_micros(start_us));
-    let stores: Vec<RedisStore> = policies
-        .iter()
-        .map(|p| {
-            RedisStore::builder(p.clone())
-                .clock(clock.clone())
-                .negative_cache(0)
-                // Semantics, not latency: a stalled machine must not turn a decision into
-                // the fallback's.
-                .deadline(Duration::from_secs(5))
-                .build(conn.clone())
-                .unwrap()
-        })
-        .collect();
+    // One store, each request naming its policy, as a layer's plans and swaps do.
+    let store = RedisStore::builder("equivalence", policies[0].clone())
+        .clock(clock.clone())
+        .negative_cache(0)
+        // Semantics, not latency: a stalled machine must not turn a decision into the
+        // fallback's.
+        .deadline(Duration::from_secs(5))
+        .build(conn.clone())
+        .unwrap();
+    let store = &store;
     let mem = MemoryStore::<String, _>::new(policies[0].clone()).with_clock(clock.clone());
     let mut pending: Vec<Pending<'_>> = Vec::new();
     for (i, &(gap, cost, op, which)) in ops.iter().enumerate() {
         clock.advance(Duration::from_micros(gap));
         let now = clock.now();
         let w = which as usize % policies.len();
-        let (store, policy) = (&stores[w], &policies[w]);
+        let policy = &policies[w];
         let key = &key;
         let mut fut: Pending<'_> = match op {
             0..=6 => {
@@ -139,7 +136,7 @@ pub async fn compare_concurrent(
                     now - start_us * 1000
                 );
                 Box::pin(async move {
-                    let r = store.check(key, cost).await.unwrap();
+                    let r = Store::decide(store, key, policy, cost).await.unwrap();
                     (Expected::Decision(m, what), Some(r))
                 })
             }
@@ -150,14 +147,20 @@ pub async fn compare_concurrent(
                     .with_source(Source::Store);
                 let what = format!("peek #{i} cost {cost} under policy {w}\npolicies {policies:?}");
                 Box::pin(async move {
-                    let r = store.peek(key, cost).await.unwrap();
+                    let r = Store::preview(store, key, policy, cost).await.unwrap();
                     (Expected::Decision(m, what), Some(r))
                 })
             }
+            // A refund (of something: layers never refund nothing), confirmed: a settlement
+            // `cost` below what was reserved.
             9 => {
-                Store::refund(&mem, key, policy, cost);
+                if cost > 0 {
+                    Store::refund(&mem, key, policy, cost);
+                }
                 Box::pin(async move {
-                    store.refund_confirmed(key, cost).await.unwrap();
+                    Store::settle(store, key, policy, cost + 1, 1)
+                        .await
+                        .unwrap();
                     (Expected::Done, None)
                 })
             }

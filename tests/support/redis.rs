@@ -1,7 +1,10 @@
-//! Test helper: a private `redis-server` (or a 3-node cluster) on free loopback ports.
+//! Test helper: a private `redis-server` (or a 3-node cluster, or a Sentinel-managed
+//! primary and replica) on free loopback ports.
 //!
 //! `REDIS_URL` set: tests that only need a server use it. `redis-server` missing: tests
 //! print "skipping: redis-server not found" and pass, unless `TOLLGATE_REQUIRE_REDIS=1`.
+//! `TOLLGATE_REDIS_SERVER` and `TOLLGATE_REDIS_CLI` name other programs to run instead
+//! (`valkey-server` and `valkey-cli`: the same tests against Valkey).
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::{TcpListener, TcpStream};
@@ -10,10 +13,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// The server program: `redis-server`, or `TOLLGATE_REDIS_SERVER`.
+pub fn server_program() -> String {
+    std::env::var("TOLLGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// The command-line client: `redis-cli`, or `TOLLGATE_REDIS_CLI`.
+pub fn cli_program() -> String {
+    std::env::var("TOLLGATE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
+}
+
 /// Whether `redis-server` can run here. Panics when it cannot and
 /// `TOLLGATE_REQUIRE_REDIS=1`.
 pub fn available() -> bool {
-    let ok = Command::new("redis-server")
+    let ok = Command::new(server_program())
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -71,7 +84,7 @@ fn wait_ready(port: u16) {
 
 /// Runs `redis-cli -p port args..` and returns its stdout.
 pub fn cli_at(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
+    let out = Command::new(cli_program())
         .args(["-p", &port.to_string()])
         .args(args)
         .output()
@@ -113,7 +126,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_program())
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap()])
@@ -257,7 +270,7 @@ impl RedisCluster {
         let mut args = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli_program())
             .args(&args)
             .output()
             .expect("redis-cli runs");
@@ -299,4 +312,331 @@ pub fn stored_words(raw: &[u8]) -> Vec<u64> {
             w as u64
         })
         .collect()
+}
+
+/// A TCP proxy in front of a local Redis: new connections go to the port it points to now
+/// (a name that follows the master, as a DNS name, a Kubernetes Service or a TCP proxy
+/// does), and what clients send can be held for a while (a slow server).
+pub struct Proxy {
+    pub addr: std::net::SocketAddr,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Proxy {
+    /// A proxy to `127.0.0.1:port`, serving on a free port (inside a tokio runtime).
+    pub async fn start(port: u16) -> Proxy {
+        use std::sync::atomic::{AtomicU16, AtomicU64};
+        use std::sync::Arc;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = Arc::new(AtomicU16::new(port));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (t, d) = (target.clone(), delay_ms.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let port = t.load(Ordering::Relaxed);
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                    continue;
+                };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let delay = d.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let n = match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let ms = delay.load(Ordering::Relaxed);
+                        if ms > 0 {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        if server_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+            }
+        });
+        Proxy {
+            addr,
+            target,
+            delay_ms,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// New connections go to `127.0.0.1:port` from now on; open ones stay where they are.
+    pub fn point_to(&self, port: u16) {
+        self.target.store(port, Ordering::Relaxed);
+    }
+
+    /// Holds each chunk a client sends for `ms` before passing it on (0: at once).
+    pub fn delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// Certificates for TLS tests, made with `openssl`: a CA, and a server certificate it
+/// signed for `localhost` and `127.0.0.1`.
+pub struct TlsFiles {
+    pub dir: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes the files in a temporary folder; `None` (after printing why) without
+    /// `openssl`, unless `TOLLGATE_REQUIRE_REDIS=1`.
+    pub fn generate() -> Option<TlsFiles> {
+        let dir = temp_dir("tls");
+        let run = |args: &[&str]| {
+            Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let ext = "subjectAltName=DNS:localhost,IP:127.0.0.1";
+        std::fs::write(dir.join("san.ext"), ext).unwrap();
+        let ok = run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tollgate test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ]) && run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]) && run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ]);
+        if !ok {
+            if std::env::var("TOLLGATE_REQUIRE_REDIS").as_deref() == Ok("1") {
+                panic!("openssl could not make test certificates and TOLLGATE_REQUIRE_REDIS=1");
+            }
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "skipping: openssl not found");
+            return None;
+        }
+        Some(TlsFiles { dir })
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.dir.join(file).to_str().unwrap().to_owned()
+    }
+
+    /// The server's TLS settings (as `redis.conf` lines), listening on `tls_port`.
+    pub fn conf(&self, tls_port: u16) -> Vec<String> {
+        vec![
+            format!("tls-port {tls_port}"),
+            format!("tls-cert-file {}", self.path("server.crt")),
+            format!("tls-key-file {}", self.path("server.key")),
+            format!("tls-ca-cert-file {}", self.path("ca.crt")),
+            "tls-auth-clients no".into(),
+            "tls-replication yes".into(),
+        ]
+    }
+
+    /// [`TlsFiles::conf`] as command-line arguments.
+    pub fn args(&self, tls_port: u16) -> Vec<String> {
+        self.conf(tls_port)
+            .iter()
+            .flat_map(|line| {
+                let (k, v) = line.split_once(' ').unwrap();
+                [format!("--{k}"), v.to_owned()]
+            })
+            .collect()
+    }
+}
+
+impl Drop for TlsFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free loopback port.
+pub fn port() -> u16 {
+    free_port()
+}
+
+/// One `redis-server --sentinel` with its own configuration file.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A master, one replica and three sentinels watching them as `mymaster` (quorum 2,
+/// down after `down_after_ms`), on free loopback ports. With `tls`, every node and
+/// sentinel speaks TLS on its `tls_port` (the plain ports stay open for `redis-cli`), and
+/// the sentinels name the masters' TLS ports.
+pub struct SentinelGroup {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<Sentinel>,
+    /// The TLS ports of master and replica, and of each sentinel, when TLS is on.
+    pub tls_ports: Option<(u16, u16, Vec<u16>)>,
+}
+
+impl SentinelGroup {
+    pub fn start(down_after_ms: u64, tls: Option<&TlsFiles>) -> Option<Self> {
+        if !available() {
+            return None;
+        }
+        let (m_tls, r_tls) = (free_port(), free_port());
+        let tls_args = |p| tls.map(|t| t.args(p)).unwrap_or_default();
+        let margs = tls_args(m_tls);
+        let master =
+            RedisServer::start_with(&margs.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let (mport_for_replicas, data_port) = match tls {
+            Some(_) => (m_tls, m_tls),
+            None => (master.port, master.port),
+        };
+        let mut rargs = tls_args(r_tls);
+        rargs.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            mport_for_replicas.to_string(),
+        ]);
+        let replica =
+            RedisServer::start_with(&rargs.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let start = Instant::now();
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the replica did not sync"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut sentinels = Vec::new();
+        let mut sentinel_tls = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let dir = temp_dir("sentinel");
+            let mut conf = vec![
+                format!("port {port}"),
+                "bind 127.0.0.1".into(),
+                format!("dir {}", dir.to_str().unwrap()),
+                format!("sentinel monitor mymaster 127.0.0.1 {data_port} 2"),
+                format!("sentinel down-after-milliseconds mymaster {down_after_ms}"),
+                "sentinel failover-timeout mymaster 5000".into(),
+                "sentinel parallel-syncs mymaster 1".into(),
+            ];
+            if let Some(t) = tls {
+                let p = free_port();
+                conf.extend(t.conf(p));
+                sentinel_tls.push(p);
+            }
+            let file = dir.join("sentinel.conf");
+            std::fs::write(&file, conf.join("\n") + "\n").unwrap();
+            let child = Command::new(server_program())
+                .arg(&file)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel spawns");
+            wait_ready(port);
+            sentinels.push(Sentinel { port, dir, child });
+        }
+        let group = SentinelGroup {
+            master,
+            replica,
+            sentinels,
+            tls_ports: tls.map(|_| (m_tls, r_tls, sentinel_tls)),
+        };
+        // Every sentinel has found the replica (through the master).
+        let start = Instant::now();
+        while !group
+            .sentinels
+            .iter()
+            .all(|s| cli_at(s.port, &["SENTINEL", "REPLICAS", "mymaster"]).contains("127.0.0.1"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "sentinels found no replica"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(group)
+    }
+
+    /// `redis+sentinel://` (or, with TLS, `rediss+sentinel://`) naming every sentinel.
+    pub fn url(&self) -> String {
+        match &self.tls_ports {
+            None => {
+                let hosts: Vec<String> = self
+                    .sentinels
+                    .iter()
+                    .map(|s| format!("127.0.0.1:{}", s.port))
+                    .collect();
+                format!("redis+sentinel://{}/mymaster", hosts.join(","))
+            }
+            Some((_, _, ports)) => {
+                let hosts: Vec<String> = ports.iter().map(|p| format!("localhost:{p}")).collect();
+                format!("rediss+sentinel://{}/mymaster", hosts.join(","))
+            }
+        }
+    }
+
+    /// The port the sentinels name as the master's now.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = cli_at(
+            self.sentinels[0].port,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"],
+        );
+        out.lines().nth(1).and_then(|p| p.trim().parse().ok())
+    }
 }

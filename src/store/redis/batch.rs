@@ -26,12 +26,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::aio::ConnectionLike;
 use tokio::sync::oneshot;
 
 use super::script::{self, Args, Ints};
 use crate::error::StoreError;
-use crate::redis::{run, Conn, Invocation, RedisConnection};
+use crate::redis::{run, Conn, Invocation, NodeHandle, RedisConnection};
 
 /// Most requests in one batch call.
 const MAX_BATCH: usize = 128;
@@ -115,7 +115,7 @@ impl Batcher {
 
     /// Sends `call` on `key` at once, from the caller's task, when nothing is in flight;
     /// otherwise queues a copy of both for the next batch.
-    async fn submit(self: &Arc<Self>, conn: &ConnectionManager, key: &[u8], call: &Call) -> Reply {
+    async fn submit(self: &Arc<Self>, conn: &NodeHandle, key: &[u8], call: &Call) -> Reply {
         let queued = {
             let mut state = self.state();
             if state.calls > 0 {
@@ -158,7 +158,7 @@ impl Batcher {
 
     /// After a call: the queue goes out as the next call if nothing else is in flight, or
     /// as a second one once it is long enough; idle again when nothing is left.
-    fn finished(self: &Arc<Self>, conn: &ConnectionManager) {
+    fn finished(self: &Arc<Self>, conn: &NodeHandle) {
         let mut state = self.state();
         state.calls -= 1;
         state.alone = false;
@@ -172,7 +172,7 @@ impl Batcher {
     /// Sends the head of the queue as one call, from a task of its own; `false` (and the
     /// queue dropped, its callers getting an error) when no runtime is left to run it:
     /// the caller's future was dropped during shutdown.
-    fn launch(self: &Arc<Self>, state: &mut State, conn: &ConnectionManager) -> bool {
+    fn launch(self: &Arc<Self>, state: &mut State, conn: &NodeHandle) -> bool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             if state.calls == 0 {
                 state.queue.clear();
@@ -191,7 +191,7 @@ impl Batcher {
 /// deadline passed, or its future was dropped).
 struct HandOff<'a> {
     batcher: &'a Arc<Batcher>,
-    conn: &'a ConnectionManager,
+    conn: &'a NodeHandle,
     done: bool,
 }
 
@@ -224,7 +224,7 @@ impl Drop for Ended<'_> {
 }
 
 /// Makes one call for `items` and answers their callers.
-async fn send(batcher: Arc<Batcher>, mut conn: ConnectionManager, mut items: Vec<Pending>) {
+async fn send(batcher: Arc<Batcher>, mut conn: NodeHandle, mut items: Vec<Pending>) {
     let mut ended = Ended {
         batcher: &batcher,
         done: false,
@@ -285,7 +285,7 @@ async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply 
 
 /// Several requests in one call of the batch script; one reply per request, or the
 /// call's error for all.
-async fn batch(conn: &mut ConnectionManager, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
+async fn batch(conn: &mut NodeHandle, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
     let script: &'static ::redis::Script = &script::BATCH_SCRIPT;
     // Every distinct key once, and every distinct list of limits once (a store's requests
     // share one); each request names both by their index.

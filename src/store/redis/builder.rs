@@ -12,13 +12,13 @@ use super::store::{RedisStore, Shared};
 use crate::error::ConfigError;
 use crate::observe::StoreMetrics;
 use crate::policy::Policy;
-use crate::redis::{Fleet, KeyNames, OwnClock, RedisBuilder, RedisConnection};
+use crate::redis::{policies_claim, Claim, Fleet, OwnClock, RedisBuilder, RedisConnection};
 use crate::setters::setters;
 use crate::store::DEFAULT_MAX_BYTES;
 
-/// The kind part of the rate store's key names (the layout's version): one key per client
-/// holding every limit's state.
-pub(super) const KEYS: &str = "v3";
+/// The kind part of the rate store's key names (with the layout's version): one key per
+/// client holding every limit's state.
+pub(super) const KEYS: &str = "rate:v4";
 
 /// A [`RedisStore`]'s own settings (and a [`LocalFirstStore`](super::LocalFirstStore)'s),
 /// in a [`RedisBuilder`] made by [`RedisStore::builder`]. See the [module docs](super).
@@ -35,24 +35,34 @@ pub struct ForRedisStore {
 impl OwnClock for ForRedisStore {}
 
 impl RedisStore {
-    /// Starts building a store for `policy`.
-    pub fn builder(policy: impl Into<Policy>) -> RedisBuilder<ForRedisStore> {
-        RedisBuilder::new(ForRedisStore {
-            policy: policy.into(),
-            failure: FailurePolicy::default(),
-            negative_cache: 10_000,
-            readable_keys: false,
-            max_bytes: DEFAULT_MAX_BYTES,
-            batching: true,
-        })
+    /// Starts building the store named `name` for `policy`. The name is the limit's
+    /// identity in Redis: stores share each key's state only when they have the same name
+    /// (and namespace), as every instance of one limit does, whatever quotas a rolling
+    /// deploy gives it meanwhile; two stores of one connection with the same name and
+    /// different limits are refused by `build`. 1 to 64 ASCII letters, digits, `.`, `_`
+    /// and `-` (`"api"`, `"login"`). See the
+    /// [module docs](super#identity-which-stores-share-state).
+    pub fn builder(name: &str, policy: impl Into<Policy>) -> RedisBuilder<ForRedisStore> {
+        RedisBuilder::new(
+            name,
+            ForRedisStore {
+                policy: policy.into(),
+                failure: FailurePolicy::default(),
+                negative_cache: 10_000,
+                readable_keys: false,
+                max_bytes: DEFAULT_MAX_BYTES,
+                batching: true,
+            },
+        )
     }
 
-    /// A store with the default settings on `connection`.
+    /// The store named `name` for `policy`, with the default settings, on `connection`.
     pub fn new(
+        name: &str,
         policy: impl Into<Policy>,
         connection: impl Into<RedisConnection>,
     ) -> Result<Self, ConfigError> {
-        Self::builder(policy).build(connection)
+        Self::builder(name, policy).build(connection)
     }
 }
 
@@ -95,10 +105,16 @@ impl RedisBuilder<ForRedisStore> {
         max_bytes(bytes: usize) => own.max_bytes;
     }
 
-    /// Refuses a bad namespace and a policy the scripts cannot decide exactly.
+    /// Refuses a bad namespace or name and a policy the scripts cannot decide exactly.
     pub(super) fn check_common(&self) -> Result<(), ConfigError> {
-        self.common.check_namespace()?;
+        self.common.check_names()?;
         script::limit_args(&self.own.policy).map(|_| ())
+    }
+
+    /// Claims the store's identity on `conn` for its own policy.
+    pub(super) fn claim(&self, conn: &RedisConnection) -> Result<Claim, ConfigError> {
+        let (fingerprint, applies) = policies_claim([&self.own.policy]);
+        self.common.claim(conn, KEYS, fingerprint, applies)
     }
 
     /// Builds the store on `connection`. Refuses a policy the script cannot decide exactly
@@ -112,7 +128,8 @@ impl RedisBuilder<ForRedisStore> {
         let common = &self.common;
         let clock = common.clock();
         let conn: RedisConnection = connection.into();
-        let names = KeyNames::new(&common.namespace, KEYS, self.own.readable_keys);
+        let claim = self.claim(&conn)?;
+        let names = common.key_names(KEYS, self.own.readable_keys);
         let (share, fleet) = match self.own.failure {
             FailurePolicy::LocalFallback { share } => {
                 check_share(share)?;
@@ -144,16 +161,18 @@ impl RedisBuilder<ForRedisStore> {
             None => None,
         };
         let limits = script::limit_args(&self.own.policy)?.into();
+        let breaker = common.breaker(clock.clone(), &conn);
         Ok(RedisStore {
             inner: Arc::new(Shared {
                 limits,
+                claim,
                 batcher: conn.attached(),
                 conn,
                 names,
                 policy: self.own.policy,
                 metrics: StoreMetrics::network(&common.namespace),
                 deadline: common.deadline,
-                breaker: common.breaker(clock.clone()),
+                breaker,
                 failure: self.own.failure,
                 fallback,
                 fleet,

@@ -12,8 +12,8 @@ use super::script::{self, Mode};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
-use crate::policy::Policy;
-use crate::redis::{KeyNames, RedisBuilder, RedisConnection};
+use crate::policy::{Policy, PolicySet};
+use crate::redis::{policies_claim, Claim, RedisBuilder, RedisConnection};
 use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 
 /// A store that decides from per-instance state and reconciles it with Redis in the
@@ -51,6 +51,8 @@ use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 #[derive(Clone)]
 pub struct LocalFirstStore {
     inner: Arc<Shared>,
+    /// The store's identity on its connection, with what it applies.
+    claim: Arc<Claim>,
 }
 
 impl fmt::Debug for LocalFirstStore {
@@ -64,16 +66,18 @@ impl fmt::Debug for LocalFirstStore {
 }
 
 impl LocalFirstStore {
-    /// A local-first store for `policy` reconciling through `connection` every `interval`
-    /// (clamped to at least 10 ms), with the defaults of [`RedisStore::builder`]
-    /// (namespace `tollgate`; the keys are the [`RedisStore`]'s, so both kinds of store
-    /// share state). [`build_local_first`](RedisBuilder::build_local_first) sets the rest.
+    /// The local-first store named `name` for `policy`, reconciling through `connection`
+    /// every `interval` (clamped to at least 10 ms), with the defaults of
+    /// [`RedisStore::builder`] (namespace `tollgate`; the keys are the [`RedisStore`]'s, so
+    /// both kinds of store share state under one name).
+    /// [`build_local_first`](RedisBuilder::build_local_first) sets the rest.
     pub fn new(
+        name: &str,
         policy: impl Into<Policy>,
         connection: impl Into<RedisConnection>,
         interval: Duration,
     ) -> Result<Self, ConfigError> {
-        RedisStore::builder(policy).build_local_first(connection, interval)
+        RedisStore::builder(name, policy).build_local_first(connection, interval)
     }
 
     /// Keys held locally now.
@@ -189,9 +193,11 @@ impl RedisBuilder<ForRedisStore> {
         interval: Duration,
     ) -> Result<LocalFirstStore, ConfigError> {
         self.check_common()?;
+        let conn: RedisConnection = connection.into();
+        let claim = self.claim(&conn)?;
         let shared = Shared::new(
-            connection.into(),
-            KeyNames::new(&self.common.namespace, KEYS, self.own.readable_keys),
+            conn,
+            self.common.key_names(KEYS, self.own.readable_keys),
             self.own.policy,
             interval.max(Duration::from_millis(10)),
             self.own.max_bytes,
@@ -201,6 +207,7 @@ impl RedisBuilder<ForRedisStore> {
         )?;
         Ok(LocalFirstStore {
             inner: Arc::new(shared),
+            claim: Arc::new(claim),
         })
     }
 }
@@ -283,5 +290,12 @@ impl<K: KeyBytes + 'static> Store<K> for LocalFirstStore {
 
     fn default_policy(&self) -> Option<Policy> {
         Some(self.inner.policy.clone())
+    }
+
+    /// Refused when another store of this connection with the same name applies other
+    /// limits.
+    fn policies_installed(&self, set: &PolicySet) -> Result<(), ConfigError> {
+        let (fingerprint, words) = policies_claim(set.policies());
+        self.claim.update(fingerprint, words)
     }
 }

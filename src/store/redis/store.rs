@@ -12,9 +12,10 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
 use crate::observe::StoreMetrics;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicySet};
 use crate::redis::{
-    current_budget, within, Breaker, BreakerState, Budget, Fleet, KeyNames, RedisConnection,
+    current_budget, policies_claim, within, Breaker, BreakerState, Budget, Claim, Fleet, KeyNames,
+    RedisConnection,
 };
 use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
 
@@ -27,6 +28,8 @@ pub struct RedisStore {
 
 pub(super) struct Shared {
     pub(super) conn: RedisConnection,
+    /// The store's identity on its connection, with what it applies.
+    pub(super) claim: Claim,
     /// The connection's batcher.
     pub(super) batcher: Arc<Batcher>,
     /// The policy of the store's own methods.
@@ -94,7 +97,7 @@ impl Shared {
         let result = match self.breaker.enter() {
             Some(entered) => {
                 let result = within(deadline, self.send(key, &call)).await;
-                if let Some(state) = entered.finish(self.deadline, deadline, &result) {
+                if let Some(state) = entered.finish(&result) {
                     self.metrics.breaker(state.gauge());
                 }
                 result
@@ -156,7 +159,6 @@ impl Shared {
         let started = tokio::time::Instant::now();
         self.breaker
             .call(
-                self.deadline,
                 deadline,
                 || fb.sync(unsynced),
                 |state| self.metrics.breaker(state.gauge()),
@@ -378,6 +380,13 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
 
     fn default_policy(&self) -> Option<Policy> {
         Some(self.inner.policy.clone())
+    }
+
+    /// Refused when another store of this connection with the same name applies other
+    /// limits.
+    fn policies_installed(&self, set: &PolicySet) -> Result<(), ConfigError> {
+        let (fingerprint, words) = policies_claim(set.policies());
+        self.inner.claim.update(fingerprint, words)
     }
 
     fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
