@@ -4,9 +4,12 @@
 //! Each instance holds a lease in one sorted set per namespace, `{namespace}:fleet:{members}`
 //! (one key, so one cluster slot): its member name scored by when the lease ends, on the
 //! server's clock (`TIME`). A background task renews it every [`BEAT`] for [`LEASE_MS`],
-//! then drops the expired leases and counts the rest (plain commands, one pipeline, so that
-//! no script call is added to what the stores send): the count is the fleet's size as of
-//! the last renewal that succeeded. The lease is given back when the instance goes
+//! then drops the expired leases and those that cannot be leases (ending later than a
+//! lease taken now would: written by something else), and counts the rest (plain commands,
+//! one pipeline, so that no script call is added to what the stores send): the count is
+//! the fleet's size as of the last renewal that succeeded. A renewal Redis refuses (a user
+//! without `ZADD`, a key of another type) leaves that count as it was, and is logged at
+//! `WARN` once per fleet. The lease is given back when the instance goes
 //! (its last store dropped); an instance that dies without giving it back stops being
 //! counted when its lease runs out. An instance is one connection (with its clones) and one
 //! namespace: the stores built on clones of one [`RedisConnection`] count once.
@@ -32,6 +35,9 @@ pub(crate) const BEAT: Duration = Duration::from_secs(1);
 /// How long a lease lasts without renewal: three beats, so that one lost renewal does not
 /// drop a live instance from the count.
 pub(crate) const LEASE_MS: u64 = 3_000;
+/// How far a lease may end beyond [`LEASE_MS`] from the server's time and still count (a
+/// renewal's time read, then its pipeline sent).
+const LEASE_SLACK_MS: u64 = 1_000;
 
 /// The fleets of one connection, by namespace (attached to the connection).
 #[derive(Default)]
@@ -45,6 +51,8 @@ pub(crate) struct Fleet {
     /// Instances counted at the last renewal that succeeded; 0 before the first.
     size: AtomicU32,
     started: AtomicBool,
+    /// Whether a renewal refused by Redis was logged.
+    warned: AtomicBool,
 }
 
 impl fmt::Debug for Fleet {
@@ -84,6 +92,7 @@ impl Fleet {
             member: member_name(),
             size: AtomicU32::new(0),
             started: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
         });
         all.insert(namespace.to_owned(), Arc::downgrade(&fleet));
         fleet.start();
@@ -139,6 +148,12 @@ impl Fleet {
             .arg("-inf")
             .arg(now_ms)
             .ignore();
+        // No lease ends that late: whatever is scored so is not an instance.
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(key)
+            .arg(format!("({}", now_ms + LEASE_MS + LEASE_SLACK_MS))
+            .arg("+inf")
+            .ignore();
         pipe.cmd("PEXPIRE").arg(key).arg(LEASE_MS).ignore();
         pipe.cmd("ZCARD").arg(key);
         let (n,): (u32,) = conn.pipeline(&pipe).await?;
@@ -158,6 +173,19 @@ async fn renew(weak: Weak<Fleet>) {
         let call = Fleet::call(&fleet.conn, &fleet.key, &fleet.member, false);
         match within(BEAT, call).await {
             Ok(n) => fleet.size.store(n.max(1), Ordering::Release),
+            // Redis refused the renewal (it did not fail to answer): the count stays wrong
+            // until someone fixes the permissions or the key.
+            Err(StoreError::Backend(e)) if !fleet.warned.swap(true, Ordering::Relaxed) => {
+                tracing::warn!(
+                    target: "tollgate::redis",
+                    error = %e,
+                    key = %String::from_utf8_lossy(&fleet.key),
+                    counted = ?fleet.size(),
+                    "the fleet cannot be counted: the local fallbacks assume the last count, or \
+                     the store's fleet_floor, until Redis accepts the fleet's lease (ZADD on \
+                     this key); logged once"
+                );
+            }
             Err(e) => {
                 tracing::debug!(target: "tollgate::redis", error = %e, "fleet lease not renewed: the fleet's size stays as last counted");
             }

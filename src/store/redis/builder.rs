@@ -30,6 +30,7 @@ pub struct ForRedisStore {
     pub(super) readable_keys: bool,
     pub(super) max_bytes: usize,
     batching: bool,
+    fleet_floor: u32,
 }
 
 impl OwnClock for ForRedisStore {}
@@ -52,6 +53,7 @@ impl RedisStore {
                 readable_keys: false,
                 max_bytes: DEFAULT_MAX_BYTES,
                 batching: true,
+                fleet_floor: 1,
             },
         )
     }
@@ -103,6 +105,13 @@ impl RedisBuilder<ForRedisStore> {
         /// fallback state of a [`RedisStore`], the local state of a
         /// [`LocalFirstStore`](super::LocalFirstStore).
         max_bytes(bytes: usize) => own.max_bytes;
+
+        /// The fewest instances [`FailurePolicy::FleetShare`] assumes (default 1): the
+        /// fallback's share is `1 / max(N, floor)`, `N` the instances counted on Redis. Set
+        /// it to the size your fleet never drops below, so that an instance that has not
+        /// counted the fleet (started while Redis was unreachable, or under a Redis user
+        /// that may not write the fleet's key) does not fall back at the whole quota.
+        fleet_floor(instances: u32) => own.fleet_floor;
     }
 
     /// Refuses a bad namespace or name and a policy the scripts cannot decide exactly.
@@ -138,7 +147,10 @@ impl RedisBuilder<ForRedisStore> {
             }
             FailurePolicy::FleetShare => {
                 let fleet = Fleet::join(&conn, &common.namespace);
-                (Some(Share::Fleet(fleet.clone())), Some(fleet))
+                (
+                    Some(Share::Fleet(fleet.clone(), self.own.fleet_floor)),
+                    Some(fleet),
+                )
             }
             _ => (None, None),
         };

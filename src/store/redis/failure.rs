@@ -42,8 +42,10 @@ pub enum FailurePolicy {
     },
     /// [`FailurePolicy::LocalFallback`] at `1 / N` of each quota, `N` being the instances
     /// counted on Redis at the last successful count (each instance renews a lease every
-    /// second; see the [module docs](super#the-fleet-and-its-share)). The default. Before
-    /// the first count (Redis unreachable since start) the share is 1.
+    /// second; see the [module docs](super#the-fleet-and-its-share)), or the
+    /// [`fleet_floor`](super::RedisBuilder::fleet_floor) when it is larger. The default.
+    /// Before the first count (Redis unreachable since start, or refusing the fleet's
+    /// lease) `N` is the floor, 1 unless set.
     #[default]
     FleetShare,
 }
@@ -53,8 +55,8 @@ pub enum FailurePolicy {
 pub(super) enum Share {
     /// A share given (1.0: the whole quota, as a local-first store decides).
     Fixed(f64),
-    /// `1 / N`, `N` the fleet's size at its last count.
-    Fleet(Arc<Fleet>),
+    /// `1 / N`, `N` the fleet's size at its last count, at least the floor.
+    Fleet(Arc<Fleet>, u32),
 }
 
 impl Share {
@@ -62,7 +64,7 @@ impl Share {
     pub(super) fn get(&self) -> f64 {
         match self {
             Share::Fixed(s) => *s,
-            Share::Fleet(f) => 1.0 / f64::from(f.size().unwrap_or(1).max(1)),
+            Share::Fleet(f, floor) => 1.0 / f64::from(f.size().unwrap_or(1).max(*floor).max(1)),
         }
     }
 }
