@@ -7,7 +7,7 @@
 //! `new_tat - now - free` where `free = tau + T + nodelay * T` (zero when negative).
 //!
 //! A cost of zero spends nothing and waits for nothing: it is admitted at once, even
-//! behind a queue's backlog, and only reports the state.
+//! behind a queue's backlog or on a state in debt, and only reports the state.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
