@@ -102,13 +102,14 @@ for j = 1, n do
 end
 
 -- GCRA ------------------------------------------------------------------------------
--- remaining: the units served at once (up to `free` ahead of now), as gcra.rs reports.
+-- remaining: the units admitted now (up to `cap` ahead of now, a queue's waiting ones
+-- included), and the time until one more is, as gcra.rs reports.
 local function gcra_report(l, fill, a)
-  local room = l.free
+  local room = l.cap
   local rem = 0
   if room > fill then rem = idiv(room - fill, l.t) end
   local nxt = 0
-  if fill > 0 then nxt = fill - (room - (rem + 1) * l.t) end
+  if fill > 0 and rem < idiv(room, l.t) then nxt = fill + (rem + 1) * l.t - room end
   return { a, rem, fill, nxt }
 end
 
