@@ -171,8 +171,9 @@ pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
 }
 
 /// Room for a refusal's `RateLimit` value, its `Retry-After` seconds and its problem body
-/// written together.
-const ROOM: usize = 512;
+/// written together: a body naming one or two limits of short names fits (about 260 and
+/// 300 bytes); a larger one is written apart.
+const ROOM: usize = 384;
 
 /// Header values written back to back into one small buffer, which one allocation then
 /// holds for all of them: each value is a slice of it.
