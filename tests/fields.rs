@@ -20,10 +20,11 @@ use std::{convert::Infallible, time::Duration};
 use axum::body::Body;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use proptest::prelude::*;
 use sf::{parse_list_lines, Bare, Member};
 use tollgate::fair::{FairLimitLayer, Share};
 use tollgate::key::Global;
-use tollgate::{InFlightLimitLayer, Quota, RateLimitLayer};
+use tollgate::{InFlightLimitLayer, Limit, Quota, RateLimitLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -82,6 +83,13 @@ async fn ok(_: Request<Body>) -> Result<Response<Body>, Infallible> {
 
 /// The story every response tells (see the module docs); `what` names the case.
 fn check(what: &str, res: &Seen) {
+    check_cost(what, res, 1);
+}
+
+/// [`check`] for a request of `cost` units: a refusal's `Retry-After` is never earlier
+/// than the `t` of an item with fewer than `cost` units left, and for one unit it is the
+/// `t` of one of them; a cost no limit can ever admit gets no `Retry-After`.
+fn check_cost(what: &str, res: &Seen, cost: i64) {
     let policy = res.list("ratelimit-policy");
     let limits = res.list("ratelimit");
     assert_eq!(
@@ -117,33 +125,37 @@ fn check(what: &str, res: &Seen) {
         assert!((0..=q).contains(&r), "{what}: {name}: r={r} against q={q}");
         let t = int(l, "t");
         assert!(t.is_none_or(|t| t >= 0), "{what}");
-        if r == 0 {
+        if r < cost {
             blocked.push(t);
         }
     }
     if res.status != StatusCode::TOO_MANY_REQUESTS {
         return;
     }
-    let retry = res
-        .retry_after()
-        .unwrap_or_else(|| panic!("{what}: a refusal without Retry-After"));
+    assert!(!blocked.is_empty(), "{what}: a refusal with room left");
+    let body = res
+        .body
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: a problem body"));
+    let Some(retry) = res.retry_after() else {
+        // Only a cost that can never be admitted goes without.
+        assert!(body.get("retry_after_ms").is_none(), "{what}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains("can ever admit"), "{what}: {body}");
+        return;
+    };
     assert!(retry > 0, "{what}: Retry-After: 0");
-    assert!(!blocked.is_empty(), "{what}: a refusal with an item left");
     // Retry-After is never earlier than the end of an item's effective window when the
-    // item has nothing left (draft-11 §6), and it is the refusing item's.
+    // item has too little left (draft-11 §6), and for one unit it is the refusing item's.
     for t in blocked.iter().flatten() {
         assert!(*t <= retry, "{what}: t={t} after Retry-After: {retry}");
     }
-    if blocked.iter().any(Option::is_some) {
+    if cost == 1 && blocked.iter().any(Option::is_some) {
         assert!(
             blocked.contains(&Some(retry)),
             "{what}: no item says t={retry}: {blocked:?}"
         );
     }
-    let body = res
-        .body
-        .as_ref()
-        .unwrap_or_else(|| panic!("{what}: a problem body"));
     let typ = body["type"].as_str().unwrap();
     assert!(
         [QUOTA_EXCEEDED, PAST_DEADLINE].contains(&typ),
@@ -403,5 +415,124 @@ async fn stacked_layers_keep_their_items_together() {
     assert_eq!(statuses(&seen), [200, 200, 200, 429]);
     for s in &seen {
         check("stacked", s);
+    }
+}
+
+/// A gRPC call queued past its deadline is `RESOURCE_EXHAUSTED` with a message that says
+/// so, not a quota's; its metadata tell the same story as an HTTP refusal's fields.
+#[tokio::test(start_paused = true)]
+async fn a_grpc_call_queued_past_its_deadline_says_so() {
+    let svc = ServiceBuilder::new()
+        .layer(rate_limit("slots: queue 1/s 5"))
+        .service_fn(ok);
+    let call = |timeout: &str| {
+        Request::post("/helloworld.Greeter/SayHello")
+            .header("content-type", "application/grpc")
+            .header("grpc-timeout", timeout)
+            .body(Body::empty())
+            .unwrap()
+    };
+    svc.clone().oneshot(call("10S")).await.unwrap();
+    let late = seen(svc.oneshot(call("500m")).await.unwrap()).await;
+    assert_eq!(late.headers["grpc-status"], "8");
+    let message = late.headers["grpc-message"].to_str().unwrap();
+    assert!(message.contains("deadline"), "{message}");
+    assert_eq!(late.retry_after(), Some(1));
+    assert_eq!(late.lines("ratelimit"), ["\"slots\";r=0;t=1"]);
+}
+
+/// The legacy trio says what the IETF fields say: its limit is the limit's `q`, never
+/// below its remaining count.
+#[tokio::test(start_paused = true)]
+async fn the_legacy_limit_is_the_advertised_quota() {
+    let layer = RateLimitLayer::builder()
+        .policy("5/s burst 10")
+        .legacy_headers(true)
+        .build()
+        .unwrap();
+    let svc = ServiceBuilder::new().layer(layer).service_fn(ok);
+    let first = seen_one(&svc).await;
+    check("legacy", &first);
+    let n = |name: &str| -> u64 { first.headers[name].to_str().unwrap().parse().unwrap() };
+    assert_eq!(
+        (n("x-ratelimit-limit"), n("x-ratelimit-remaining")),
+        (10, 9)
+    );
+}
+
+/// A limit of every kind, over small quotas and odd periods, one in five in shadow.
+fn limit() -> impl Strategy<Value = Limit> {
+    (
+        0u8..6,
+        1u64..12,
+        1u64..3_000,
+        1u64..20,
+        0u32..6,
+        0u64..2_000,
+        0u8..5,
+    )
+        .prop_map(|(kind, n, period_ms, burst, queue, ms, shadow)| {
+            let q = Quota::new(n, Duration::from_millis(period_ms)).unwrap();
+            let l = match kind {
+                0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
+                1 => Limit::leaky_meter(q),
+                2 => Limit::leaky_queue_nodelay(q, queue, queue / 2),
+                3 => Limit::leaky_queue(q, queue)
+                    .and_then(|l| l.with_max_wait(Duration::from_millis(ms + 1))),
+                4 => Limit::fixed_window(q),
+                _ => Limit::sliding_window(q)
+                    .and_then(|l| l.with_window_offset(Duration::from_millis(ms))),
+            }
+            .unwrap();
+            if shadow == 0 {
+                l.shadow()
+            } else {
+                l
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any policy of one to three limits of any kind, under random arrivals and costs
+    /// (a queued request waits in a task of its own while the next ones are decided):
+    /// every response parses and tells the story of [`check_cost`].
+    #[test]
+    fn any_policy_tells_one_story(
+        limits in prop::collection::vec(limit(), 1..=3),
+        arrivals in prop::collection::vec(
+            (prop_oneof![Just(0u64), 0u64..400, 0u64..5_000], 1u64..4),
+            1..30,
+        ),
+    ) {
+        // Every limit in shadow: nothing is reported.
+        prop_assume!(!limits.iter().all(|l| l.is_shadow()));
+        let mut builder = RateLimitLayer::builder().cost(|req: &Request<Body>| {
+            req.headers()["x-cost"].to_str().unwrap().parse::<u64>().unwrap()
+        });
+        for l in &limits {
+            builder = builder.limit(l.clone());
+        }
+        let svc = ServiceBuilder::new().layer(builder.build().unwrap()).service_fn(ok);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut waiting = Vec::new();
+            for (i, &(gap, cost)) in arrivals.iter().enumerate() {
+                tokio::time::advance(Duration::from_millis(gap)).await;
+                let req = Request::builder().header("x-cost", cost).body(Body::empty()).unwrap();
+                let res = svc.clone().oneshot(req);
+                let task = tokio::spawn(async move { seen(res.await.unwrap()).await });
+                tokio::task::yield_now().await;
+                waiting.push((format!("#{i} cost {cost} under {limits:?}"), cost, task));
+            }
+            for (what, cost, task) in waiting {
+                check_cost(&what, &task.await.unwrap(), cost as i64);
+            }
+        });
     }
 }
