@@ -536,3 +536,24 @@ proptest! {
         });
     }
 }
+
+/// A queue in shadow delays nothing: a refusal for the deadline names only the queues
+/// enforced for the key (the one in shadow is neither reported nor named).
+#[tokio::test(start_paused = true)]
+async fn a_refusal_for_the_deadline_names_the_enforced_queues_only() {
+    let svc = ServiceBuilder::new()
+        .layer(rate_limit("slots: queue 1/s 5, trial: queue 2/s 5 shadow"))
+        .service_fn(ok);
+    drop(tokio::spawn(svc.clone().oneshot(get())));
+    tokio::task::yield_now().await;
+    let req = Request::builder()
+        .header("grpc-timeout", "500m")
+        .body(Body::empty())
+        .unwrap();
+    let late = seen(svc.oneshot(req).await.unwrap()).await;
+    check("deadline beside a shadow queue", &late);
+    assert_eq!(late.lines("ratelimit"), ["\"slots\";r=0;t=1"]);
+    let body = late.body.as_ref().unwrap();
+    assert_eq!(body["type"], PAST_DEADLINE);
+    assert_eq!(body["violated-policies"], serde_json::json!(["slots"]));
+}

@@ -491,13 +491,16 @@ fn late_decision(d: &Decision, policy: &Policy, wait: Duration) -> Decision {
     let mut late = *d;
     late.outcome = Outcome::Denied { retry_after: wait };
     let limits = policy.limits();
+    let shadow = policy.shadow_mask();
     for r in &mut late.limits[..usize::from(d.len)] {
-        let queue = limits.get(r.index()).is_none_or(|l| {
-            matches!(
-                l.algorithm(),
-                crate::algorithm::Algorithm::LeakyQueue { .. }
-            )
-        });
+        // A queue in shadow delays nothing.
+        let queue = shadow & (1 << r.index()) == 0
+            && limits.get(r.index()).is_none_or(|l| {
+                matches!(
+                    l.algorithm(),
+                    crate::algorithm::Algorithm::LeakyQueue { .. }
+                )
+            });
         r.allowed = !queue;
         if queue {
             r.remaining = 0;

@@ -99,9 +99,10 @@ pub struct Fields {
     /// a refusal closes them with its wait.
     bodies: Vec<Vec<u8>>,
     exceeds_bodies: Vec<Bytes>,
-    /// The problem body of a request refused for its deadline (the policy's queues are the
-    /// limits it violates), opened as `bodies` are; none without a queue.
-    late_body: Option<Vec<u8>>,
+    /// The problem bodies of a request refused for its deadline, by the subset of the
+    /// policy's queues it waited in (those enforced for its key), opened as `bodies` are;
+    /// none without a queue.
+    late_bodies: Vec<(usize, Vec<u8>)>,
     /// Every limit: the mask of a key shadowed from none.
     all: usize,
     /// The head of the commonest refusal (a denied request, a problem body, the IETF
@@ -294,15 +295,19 @@ impl Fields {
                     Bytes::from(body)
                 })
                 .collect(),
-            late_body: (queues != 0).then(|| {
-                problem_open(
-                    429,
-                    PAST_DEADLINE_TITLE,
-                    "This request's turn in the queue comes after its deadline; retry after the number of seconds in Retry-After.",
-                    &violated(queues),
-                    Some(PAST_DEADLINE),
-                )
-            }),
+            late_bodies: (1..subsets)
+                .filter(|mask| mask & !queues == 0)
+                .map(|mask| {
+                    let body = problem_open(
+                        429,
+                        PAST_DEADLINE_TITLE,
+                        "This request's turn in the queue comes after its deadline; retry after the number of seconds in Retry-After.",
+                        &violated(mask),
+                        Some(PAST_DEADLINE),
+                    );
+                    (mask, body)
+                })
+                .collect(),
             all: subsets - 1,
         }
     }
@@ -437,9 +442,12 @@ impl Fields {
                 .then(|| self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone());
             return self.quota_refusal(a, d, shadow, body, None);
         };
-        let open = a.problem.then(|| match (why, &self.late_body) {
-            (Refused::Late, Some(late)) => &late[..],
-            _ => &self.bodies[mask.min(self.bodies.len() - 1)][..],
+        let late = (why == Refused::Late)
+            .then(|| self.late_bodies.iter().find(|(m, _)| *m == mask))
+            .flatten();
+        let open = a.problem.then(|| match late {
+            Some((_, body)) => &body[..],
+            None => &self.bodies[mask.min(self.bodies.len() - 1)][..],
         });
         match open {
             Some(open) if a.ietf && !a.legacy && self.mask(shadow) == self.all => {
