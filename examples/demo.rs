@@ -384,7 +384,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  # at most 2 exports in flight per client: 200 200 429");
     println!("  for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}}\\n' http://{addr}/export & sleep 0.05; done; wait");
     println!(
-        "  # fair sharing: one key alone gets 16/s; RateLimit-Policy: \"fair\";q=4;w=1;borrow=12"
+        "  # fair sharing: one key alone gets 16/s; RateLimit-Policy: \"fair\";q=16;w=1;borrow=12"
     );
     println!("  curl -i -H 'x-api-key: a' http://{addr}/fair");
     println!("  curl -i http://{addr}/health   # never limited, no rate-limit fields");

@@ -17,8 +17,11 @@ use tokio::time::Instant;
 ///   ([`is_past_deadline`](crate::generic::RateLimited::is_past_deadline));
 /// - an in-flight limit's waiting request leaves the queue at its deadline, refused.
 ///
-/// Such refusals are counted apart: `tollgate.rate_limit.requests` and
-/// `tollgate.in_flight.requests` with `tollgate.result = "deadline"`.
+/// Such refusals are told apart: their problem body is of its own type
+/// (`…#queued-past-the-deadline`, see the [responses guide](crate::response)), their
+/// `tracing` event says `outcome = "deadline"`, and they are counted under
+/// `tollgate.result = "deadline"` in `tollgate.rate_limit.requests_total` and
+/// `tollgate.in_flight.requests_total`.
 ///
 /// An HTTP request's deadline is the earliest of:
 ///
@@ -149,19 +152,6 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     digits.iter().try_fold(0u64, |n, &b| {
         b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
     })
-}
-
-/// A rate limit's queued request refused for its deadline, logged at `debug` (the layer's
-/// metrics count it under `tollgate.result = "deadline"`).
-#[cold]
-pub(crate) fn refused(limiter: &str, policy: &str, slot: Duration) {
-    tracing::debug!(
-        target: "tollgate",
-        limiter,
-        policy,
-        slot_ms = slot.as_millis() as u64,
-        "a queued request's slot comes after its deadline: refused"
-    );
 }
 
 #[cfg(test)]

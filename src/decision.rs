@@ -87,8 +87,9 @@ impl LimitReport {
         self.allowed
     }
 
-    /// Units that could still be spent at once, without waiting, after this decision: for
-    /// a queue, its `nodelay` slots included, never the units that would wait.
+    /// Units that would still be admitted now, one at a time, after this decision: for a
+    /// queue, the ones that would wait for their slot included ([`Decision::wait`] says
+    /// how long an admitted one waits). The IETF `RateLimit` field's `r`.
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
@@ -98,8 +99,10 @@ impl LimitReport {
         Duration::from_nanos(self.reset_after)
     }
 
-    /// Time until one more unit can be spent at once ([`remaining`](Self::remaining) grows
-    /// by one); zero when the limit is full.
+    /// Time until one more unit would be admitted ([`remaining`](Self::remaining) grows
+    /// by one), if nothing else spends the limit meanwhile; zero when the limit is full.
+    /// For a refused request of one unit, its retry-after. The IETF `RateLimit` field's
+    /// `t`, rounded up to whole seconds.
     pub fn next_after(&self) -> Duration {
         Duration::from_nanos(self.next_after)
     }

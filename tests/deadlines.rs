@@ -203,6 +203,16 @@ async fn an_in_flight_queue_lets_a_request_go_at_its_deadline() {
         .unwrap();
     assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(t.elapsed(), Duration::from_millis(100));
+    // Marked as such: its own problem type, not `quota-exceeded`.
+    let body = http_body_util::BodyExt::collect(late.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body["type"],
+        "https://docs.rs/tollgate/latest/tollgate/response/index.html#queued-past-the-deadline"
+    );
     let next = tokio::spawn(svc.clone().oneshot(get(&[])));
     tokio::task::yield_now().await;
     gate.add_permits(2);

@@ -285,14 +285,16 @@ async fn shares_follow_who_is_asking() {
 }
 
 #[tokio::test]
-async fn fields_report_the_guarantee_what_may_be_borrowed_and_an_exact_retry_after() {
+async fn fields_report_the_ceiling_what_may_be_borrowed_and_an_exact_retry_after() {
     let c = clock();
     let svc = service(layer(memory(&c), share(4, 16), share(4, 16)));
     let res = svc.clone().oneshot(request("a")).await.unwrap();
     assert_eq!(res.status(), 200);
+    // The most the key may have (its ceiling, 16/s), of which it borrows 12: `r` never
+    // exceeds `q`.
     assert_eq!(
         res.headers()["ratelimit-policy"],
-        "\"fair\";q=4;w=1;borrow=12"
+        "\"fair\";q=16;w=1;borrow=12"
     );
     // Alone, after its first request: the ceiling's burst leaves 15, the pool 19, the
     // key's share (half the pool's burst at 16/s: 8) 7, and borrowing while the pool
@@ -303,12 +305,18 @@ async fn fields_report_the_guarantee_what_may_be_borrowed_and_an_exact_retry_aft
         last = svc.clone().oneshot(request("a")).await.unwrap();
     }
     assert_eq!(last.status(), 429);
+    // The pool is back at half its burst in 50 ms: `Retry-After` and `t` say 1 s, the
+    // problem body the milliseconds.
     assert_eq!(last.headers()["retry-after"], "1");
     assert_eq!(last.headers()["content-type"], "application/problem+json");
-    assert!(last.headers()["ratelimit"]
-        .to_str()
+    assert_eq!(last.headers()["ratelimit"], "\"fair\";r=0;t=1");
+    let body = http_body_util::BodyExt::collect(last.into_body())
+        .await
         .unwrap()
-        .starts_with("\"fair\";r=0"));
+        .to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["retry_after_ms"], 50);
+    assert_eq!(body["violated-policies"], serde_json::json!(["fair"]));
 }
 
 #[test]

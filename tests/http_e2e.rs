@@ -54,9 +54,11 @@ async fn token_bucket_counts_and_headers() {
     assert_eq!(statuses, [vec![200; 10], vec![429; 2]].concat());
 
     // Allowed responses: the static policy and the remaining count, t = 1 s to the next unit.
+    // Regression: the policy said `q=5;w=1` and then `r=9`. It is the rate over the window
+    // that holds the burst: 10 per 2 s, and `r` never exceeds `q`.
     assert_eq!(
         got[0].header("ratelimit-policy"),
-        Some("\"5-per-1s\";q=5;w=1")
+        Some("\"5-per-1s\";q=10;w=2")
     );
     assert_eq!(got[0].header("ratelimit"), Some("\"5-per-1s\";r=9;t=1"));
     assert_eq!(got[9].header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
@@ -68,7 +70,7 @@ async fn token_bucket_counts_and_headers() {
     assert_eq!(refused.header("ratelimit"), Some("\"5-per-1s\";r=0;t=1"));
     assert_eq!(
         refused.header("ratelimit-policy"),
-        Some("\"5-per-1s\";q=5;w=1")
+        Some("\"5-per-1s\";q=10;w=2")
     );
     assert_eq!(
         refused.header("content-type"),
@@ -83,6 +85,9 @@ async fn token_bucket_counts_and_headers() {
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "Too Many Requests");
     assert_eq!(body["violated-policies"], serde_json::json!(["5-per-1s"]));
+    // The exact wait, in whole milliseconds rounded up: under the 200 ms of one unit.
+    let ms = body["retry_after_ms"].as_u64().unwrap();
+    assert!((1..=200).contains(&ms), "{ms}");
 }
 
 #[tokio::test]

@@ -1079,3 +1079,66 @@ async fn in_flight_decisions_are_counted() {
     assert_eq!((count("admitted"), count("refused")), (2, 3));
     assert_eq!((count("fail_open"), count("fail_closed")), (0, 0));
 }
+
+/// Regression: a queued request refused because its turn came after its deadline was a
+/// `DEBUG` event unlike every other refusal, and an in-flight limit's likewise. Both are
+/// `INFO` events with `outcome = "deadline"`, the rate limit's with the same fields as a
+/// denial (policy, key hash, the wait in whole milliseconds rounded up).
+#[tokio::test(start_paused = true)]
+async fn refusals_for_a_deadline_are_info_events_of_their_own_outcome() {
+    let (events, _guard) = Events::capture();
+    let queue = RateLimitLayer::builder()
+        .policy("slots: queue 1/s 5")
+        .label("queued")
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(queue)
+        .service_fn(|_: Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+    let call = |timeout: &str| {
+        Request::builder()
+            .header("grpc-timeout", timeout)
+            .body(Body::empty())
+            .unwrap()
+    };
+    svc.clone().oneshot(call("10S")).await.unwrap();
+    let late = svc.oneshot(call("250m")).await.unwrap();
+    assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 1, "{info:#?}");
+    let line = &info[0];
+    for part in [
+        "limiter=queued",
+        "policy=\"default\"",
+        "outcome=\"deadline\"",
+        "retry_after_ms=1000",
+    ] {
+        assert!(line.contains(part), "{part} in {line}");
+    }
+    assert_eq!(key_field(line).len(), 16);
+
+    let inflight = tollgate::InFlightLimitLayer::builder(Global::new(), 1)
+        .queue(1)
+        .label("slots")
+        .build()
+        .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(inflight)
+        .service_fn(|_: Request<Body>| {
+            std::future::pending::<Result<http::Response<Body>, std::convert::Infallible>>()
+        });
+    let holder = tokio::spawn(svc.clone().oneshot(Request::new(Body::empty())));
+    tokio::task::yield_now().await;
+    let late = svc.oneshot(call("1m")).await.unwrap();
+    assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
+    holder.abort();
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 2, "{info:#?}");
+    assert!(
+        info[1].contains("limiter=slots") && info[1].contains("outcome=\"deadline\""),
+        "{}",
+        info[1]
+    );
+}

@@ -1,9 +1,11 @@
-//! What a decision's `remaining` means, on every store: the units that could still be
-//! spent at once, without waiting, after the decision.
+//! What a decision's `remaining` and `next_after` mean, on every store: the units that
+//! would still be admitted now, one at a time (a queue's waiting ones included), and the
+//! time until one more would be (a refused unit's retry-after): the IETF `RateLimit`
+//! field's `r` and `t`.
 //!
-//! Regression: a leaky queue that serves its first `nodelay` queued units at once
-//! reported 0 remaining on a fresh key while one more unit would have passed without a
-//! wait (in memory, in the Redis scripts and in the local-first store alike).
+//! Regression: a leaky queue reported only the units it would serve without a wait (at
+//! first not even its `nodelay` ones), so a full queue said `r=0` until its backlog had
+//! drained (`t=4`) while it would admit a request a slot later (`Retry-After: 1`).
 
 #[cfg(feature = "redis")]
 #[path = "support/redis.rs"]
@@ -32,13 +34,13 @@ fn policies() -> [Policy; 2] {
 }
 
 /// Four requests of one unit on a fresh key, at one instant: each one's wait and the
-/// queue's `remaining` after it. The first leaves one unit that passes at once (its
-/// `nodelay` slot), and the second takes it without a wait.
+/// queue's `remaining` after it. The queue admits six at once (one now, its `nodelay` one
+/// and four more delayed to their slots): the first two pass without a wait.
 const EXPECTED: [(Duration, u64); 4] = [
-    (Duration::ZERO, 1),
-    (Duration::ZERO, 0),
-    (Duration::from_millis(1311), 0),
-    (Duration::from_millis(2622), 0),
+    (Duration::ZERO, 5),
+    (Duration::ZERO, 4),
+    (Duration::from_millis(1311), 3),
+    (Duration::from_millis(2622), 2),
 ];
 
 async fn four_requests<S: Store<String>>(
@@ -57,7 +59,7 @@ async fn four_requests<S: Store<String>>(
 }
 
 #[tokio::test]
-async fn a_queues_nodelay_units_count_as_remaining_in_memory() {
+async fn a_queues_waiting_units_count_as_remaining_in_memory() {
     for policy in policies() {
         let store = MemoryStore::<String, _>::new(policy.clone()).with_clock(ManualClock::new());
         assert_eq!(
@@ -65,18 +67,18 @@ async fn a_queues_nodelay_units_count_as_remaining_in_memory() {
             EXPECTED,
             "{policy:?}"
         );
-        // A request of cost 0 on a fresh key: both free slots.
+        // A request of cost 0 on a fresh key: every slot.
         let fresh = store
             .preview(&"fresh".to_string(), &policy, 0)
             .await
             .unwrap();
-        assert_eq!(fresh.limits()[0].remaining(), 2);
+        assert_eq!(fresh.limits()[0].remaining(), 6);
     }
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
-async fn a_queues_nodelay_units_count_as_remaining_on_redis() {
+async fn a_queues_waiting_units_count_as_remaining_on_redis() {
     use tollgate::store::{RedisConnection, RedisStore};
     let Some(target) = redis_support::Target::get() else {
         return;
@@ -123,22 +125,27 @@ async fn a_queues_nodelay_units_count_as_remaining_on_redis() {
 }
 
 proptest! {
-    /// For every GCRA flavour and any history, `remaining` units pass at once and one
-    /// more does not.
+    /// For every GCRA flavour and any history, `remaining` units are admitted now (a
+    /// queue's after their wait) and one more is not; one more is admitted exactly
+    /// `next_after` later, and refused 1 ns earlier; a refused unit's retry-after is its
+    /// `next_after`.
     #[test]
-    fn remaining_units_pass_without_a_wait_and_one_more_does_not(
-        flavour in 0u8..3,
+    fn remaining_units_are_admitted_and_one_more_comes_after_next_after(
+        flavour in 0u8..4,
         rate in 1u64..50,
         burst in 1u64..8,
         queue in 0u32..8,
         nodelay in 0u32..8,
-        arrivals in proptest::collection::vec((0u64..400_000_000, 1u64..4), 1..40),
+        max_wait_ms in 1u64..2_000,
+        arrivals in proptest::collection::vec((0u64..400_000_000, 0u64..4), 1..40),
     ) {
         let q = Quota::per_second(rate).unwrap();
         let limit = match flavour {
             0 => Limit::token_bucket(q.with_burst(burst).unwrap()),
             1 => Limit::leaky_meter(q),
-            _ => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
+            2 => Limit::leaky_queue_nodelay(q, queue, nodelay.min(queue)),
+            _ => Limit::leaky_queue(q, queue)
+                .and_then(|l| l.with_max_wait(Duration::from_millis(max_wait_ms))),
         }
         .unwrap();
         let policy = Policy::new(limit);
@@ -147,13 +154,21 @@ proptest! {
         for (gap, cost) in arrivals {
             now += gap;
             let d = policy.decide(&mut state, now, cost);
-            let r = d.limits()[0].remaining();
+            let report = d.limits()[0];
+            let r = report.remaining();
             if r > 0 {
-                let all = policy.peek(&state, now, r);
-                prop_assert!(all.is_allowed() && all.wait().is_zero(), "{} remaining: {:?}", r, all);
+                prop_assert!(policy.peek(&state, now, r).is_allowed(), "{} remaining", r);
             }
             let more = policy.peek(&state, now, r + 1);
-            prop_assert!(!more.is_allowed() || !more.wait().is_zero(), "{} remaining, one more: {:?}", r, more);
+            prop_assert!(!more.is_allowed(), "{} remaining, one more: {:?}", r, more);
+            let next = report.next_after().as_nanos() as u64;
+            if next > 0 {
+                prop_assert_eq!(policy.peek(&state, now + next, 0).limits()[0].remaining(), r + 1);
+                prop_assert_eq!(policy.peek(&state, now + next - 1, 0).limits()[0].remaining(), r);
+            }
+            if r == 0 {
+                prop_assert_eq!(more.retry_after(), Some(report.next_after()));
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `new_tat - now - free` where `free = tau + T + nodelay * T` (zero when negative).
 //!
 //! A cost of zero spends nothing and waits for nothing: it is admitted at once, even
-//! behind a queue's backlog, and only reports the state.
+//! behind a queue's backlog or on a state in debt, and only reports the state.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,6 +27,8 @@ pub(crate) struct Gcra {
     pub(crate) free: u64,
     /// Division by `t`, for the report's `remaining`.
     div: Divisor,
+    /// `cap / t`: the most units one request can take.
+    most: u64,
 }
 
 /// One evaluation step, before anything is written: either the TAT to store (and the
@@ -48,6 +50,7 @@ impl Gcra {
             cap,
             free,
             div: Divisor::new(t),
+            most: cap / t,
         }
     }
 
@@ -115,7 +118,7 @@ impl Gcra {
     /// Largest cost one request can be admitted with: `cap / T`.
     #[inline]
     pub(crate) fn max_cost(&self) -> u64 {
-        self.div.divide(self.cap)
+        self.most
     }
 
     /// Outcome and report of an admitted request whose new TAT is `diff` ahead of now.
@@ -167,11 +170,12 @@ impl Gcra {
     }
 
     /// The report for a bucket whose TAT is `fill` ahead of now. `remaining` counts the
-    /// units that would be served at once: up to `free` ahead of now (for a queue, its
-    /// `nodelay` slots included), not the queue's delayed ones.
+    /// units that would be admitted now, one at a time: up to `cap` ahead of now (for a
+    /// queue, the ones that would wait for their slot included); `next_after` is the time
+    /// until one more would be, which for a refused unit is its retry-after.
     #[inline]
     fn report(&self, fill: u64, allowed: bool) -> LimitReport {
-        let room = self.free;
+        let room = self.cap;
         let left = room.saturating_sub(fill);
         // Skips the division (two 64x64-bit multiplications) when less than one unit is
         // left: every refusal of cost 1, which the branch keeps as cheap as an admission
@@ -181,12 +185,14 @@ impl Gcra {
         } else {
             self.div.divide(left)
         };
-        let next_after = if fill == 0 {
+        // One more unit is admitted once `fill + (remaining + 1) * T - elapsed <= room`:
+        // `(remaining + 1) * T > room - fill` by the division, so the difference is
+        // positive. None comes when `remaining` is already the most one request can
+        // take (a queue bounded by its longest wait holds a part of a unit more).
+        let next_after = if fill == 0 || remaining >= self.most {
             0
         } else {
-            // `room` is a whole number of units and remaining < room / T whenever
-            // fill > 0, so (remaining + 1) * T <= room.
-            fill - (room - (remaining + 1) * self.t)
+            fill + (remaining + 1) * self.t - room
         };
         LimitReport {
             index: 0,

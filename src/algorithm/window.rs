@@ -5,6 +5,10 @@
 //! `[i + 1, count]`; the sliding window keeps `[i + 1, prev, cur]` (0 in the first word
 //! means "never used"). The sliding estimate is `prev * (W - e) / W + cur` where `e` is the
 //! time elapsed in the current window; it is compared in exact integer arithmetic.
+//!
+//! A cost of zero spends nothing and is admitted at once, as on GCRA, even on counts
+//! above the limit (a charge's debt, a smaller limit's carried counts): it only reports
+//! the state, which it leaves as it is.
 
 use std::time::Duration;
 
@@ -82,6 +86,10 @@ impl Window {
                 next_after: reset,
             }
         };
+        if cost == 0 {
+            // Spends nothing, even on a count above the limit (a charge's debt).
+            return (allowed(true, 0), Some([s[0], s[1]]), report(count, true));
+        }
         if cost > self.limit {
             return (Outcome::Exceeds, None, report(count, false));
         }
@@ -174,6 +182,15 @@ impl Window {
                 next_after,
             }
         };
+        if cost == 0 {
+            // Spends nothing, even on counts above the limit (a charge's debt, a smaller
+            // limit's carried counts).
+            return (
+                allowed(true, 0),
+                Some([s[0], s[1], s[2]]),
+                report(cur, true),
+            );
+        }
         if cost > self.limit {
             return (Outcome::Exceeds, None, report(cur, false));
         }

@@ -14,8 +14,8 @@ use crate::observe::{outage, Bind, Count, OncePerSecond, RATE_LIMIT_REQUESTS};
 use crate::options::OnStoreError;
 use crate::quota::Quota;
 use crate::response::{
-    grpc, problem_body, quota_refusal, rate_limit_item, retry_after_secs, sf_string,
-    QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
+    grpc, problem_open, quota_refusal, rate_limit_item, retry_after_secs, sf_int, sf_string,
+    with_wait, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
 };
 
 /// The fair-sharing layer's words.
@@ -33,8 +33,8 @@ pub(crate) struct FairReplies {
     prefix: Vec<u8>,
     /// The `RateLimit-Policy` value of the one share, when there is one.
     policy: Option<HeaderValue>,
-    /// The problem body of a refusal.
-    body: Bytes,
+    /// The problem body of a refusal, without its closing brace: the wait closes it.
+    body: Vec<u8>,
     /// Store failures logged as a warning: the first of each second.
     failures: OncePerSecond,
     /// `tollgate.rate_limit.requests_total` by result: admitted, refused.
@@ -48,7 +48,7 @@ impl FairReplies {
         let mut prefix = Vec::new();
         sf_string(label, &mut prefix);
         prefix.extend_from_slice(b";r=");
-        let body = problem_body(
+        let body = problem_open(
             429,
             "Too Many Requests",
             "This client's share of the pool is used up; retry after the Retry-After delay.",
@@ -84,47 +84,53 @@ impl FairReplies {
             None => policy_value(&self.label, share),
         };
         headers.append(RATELIMIT_POLICY, policy);
-        let reset = retry_after_secs(Duration::from_nanos(d.reset_after));
-        headers.append(RATELIMIT, rate_limit_item(&self.prefix, d.remaining, reset));
+        let next = retry_after_secs(Duration::from_nanos(d.next_after));
+        headers.append(RATELIMIT, rate_limit_item(&self.prefix, d.remaining, next));
     }
 
     fn refusal(&self, share: &Share, d: &FairDecision, is_grpc: bool) -> Response<Bytes> {
         tracing::info!(
             target: "tollgate",
             limiter = %self.label,
-            retry_after_ms = d.retry_after / 1_000_000,
+            retry_after_ms = crate::observe::ms_up(Duration::from_nanos(d.retry_after)),
             "fair-share limit refused a request"
         );
         let message =
             is_grpc.then_some("Request quota exceeded; retry after the delay in RetryInfo.");
         let wait = Duration::from_nanos(d.retry_after);
         // `RateLimit-Policy` and `RateLimit` follow.
-        let mut r = quota_refusal(Some(self.body.clone()), message, Some(wait), 2);
+        let mut r = quota_refusal(Some(with_wait(&self.body, wait)), message, Some(wait), 2);
         self.apply(r.headers_mut(), share, d);
         r
     }
 }
 
-/// `"label";q=G;w=W;borrow=B`: the key's guaranteed quota per its window of whole
-/// seconds, and how much more its ceiling lets it borrow in that window.
+/// `"label";q=Q;w=W;borrow=B`: the most the key may have, its ceiling, as `q` units per
+/// window of `w` whole seconds (the ceiling's period, or the least multiple of it that
+/// holds the ceiling's burst: `r` never exceeds `q`), and of those the units it has only
+/// by borrowing, while the pool has room (the ceiling's units in the window less the
+/// guaranteed rate's).
 fn policy_value(label: &str, share: &Share) -> HeaderValue {
-    let g = share.guaranteed();
-    let w = retry_after_secs(g.period()).max(1);
-    // The guaranteed and the ceiling's units in a window of `w` seconds.
-    let per_window = |q: Quota| -> u128 {
-        u128::from(w) * 1_000_000_000 / q.emission_interval().as_nanos().max(1)
+    const NS: u128 = 1_000_000_000;
+    let ceiling = share.ceiling();
+    let (limit, period) = (
+        u128::from(ceiling.limit()),
+        ceiling.period().as_nanos().max(1),
+    );
+    let k = u128::from(ceiling.burst()).div_ceil(limit).max(1);
+    let w = (k * period).div_ceil(NS).max(1);
+    // A quota's units in `w` seconds, rounded down.
+    let units = |q: Quota| -> u128 {
+        u128::from(q.limit()).saturating_mul(w * NS) / q.period().as_nanos().max(1)
     };
-    let q = per_window(g);
-    let borrow = per_window(share.ceiling()).saturating_sub(q);
+    let q = units(ceiling);
+    let borrow = q.saturating_sub(units(share.guaranteed()));
+    let int = |n: u128| sf_int(u64::try_from(n).unwrap_or(u64::MAX));
     let mut v = Vec::new();
     sf_string(label, &mut v);
-    for (name, n) in [
-        (&b";q="[..], q),
-        (b";w=", u128::from(w)),
-        (b";borrow=", borrow),
-    ] {
+    for (name, n) in [(&b";q="[..], q), (b";w=", w), (b";borrow=", borrow)] {
         v.extend_from_slice(name);
-        v.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        v.extend_from_slice(itoa::Buffer::new().format(int(n)).as_bytes());
     }
     HeaderValue::from_bytes(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
 }

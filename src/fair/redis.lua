@@ -10,7 +10,8 @@
 --          sum counted, the longest share interval (ns);
 --          (tests only) now in us instead of the server's TIME, and extra TTL in ms
 --
--- Reply: { admitted (1 or 0), retry-after (ns), remaining, reset-after (ns) }.
+-- Reply: { admitted (1 or 0), retry-after (ns), remaining, reset-after (ns),
+--          next-after (ns): until remaining grows by one }.
 
 local now
 local slack = 0
@@ -117,7 +118,22 @@ if ceil_ok and pool_ok and (share_ok or spare_ok) then
   if half > fp then by_spare = fdiv(half - fp, pool_t) end
   local remaining = math.min(fdiv(ceil_cap - fc, ceil_t), fdiv(pool_cap - fp, pool_t),
     math.max(by_share, by_spare))
-  reply = { 1, 0, remaining, math.max(fc, k_share) }
+  -- One more once the ceiling and the pool hold it, and the share or the spare half (a
+  -- pool of burst 1 never lends); nil: never.
+  local want = remaining + 1
+  local function wait_for(f, t, cap)
+    if want * t > cap then return nil end
+    return math.max(f + want * t - cap, 0)
+  end
+  local either = wait_for(k_share, share_t, share_cap)
+  if 2 * pool_t <= pool_cap then
+    local lend = wait_for(fp, pool_t, half)
+    if lend ~= nil and (either == nil or lend < either) then either = lend end
+  end
+  local by_c, by_p = wait_for(fc, ceil_t, ceil_cap), wait_for(fp, pool_t, pool_cap)
+  local next_after = 0
+  if by_c ~= nil and by_p ~= nil and either ~= nil then next_after = math.max(by_c, by_p, either) end
+  reply = { 1, 0, remaining, math.max(fc, k_share), next_after }
 else
   -- The share's wait: the active weight only falls if nothing else happens (to what
   -- asked in this period at the next, to the key alone from the one after), and the
@@ -138,7 +154,7 @@ else
     wait = math.min(wait, fdiv(math.max(2 * fp - pool_cap, 0) + 1, 2))
   end
   local retry = math.max(fc - ceil_cap, fp - pool_cap, wait, 0)
-  reply = { 0, retry, 0, math.max(k_ceil, k_share) }
+  reply = { 0, retry, 0, math.max(k_ceil, k_share), retry }
 end
 
 -- Both states live until the later of their fills' end and the end of the period after

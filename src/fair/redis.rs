@@ -160,14 +160,15 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
                 )
                 .await?;
             match reply[..] {
-                [admitted, retry, remaining, reset]
-                    if retry >= 0 && remaining >= 0 && reset >= 0 =>
+                [admitted, retry, remaining, reset, next]
+                    if retry >= 0 && remaining >= 0 && reset >= 0 && next >= 0 =>
                 {
                     Ok(FairDecision {
                         admitted: admitted == 1,
                         retry_after: retry as u64,
                         remaining: remaining as u64,
                         reset_after: reset as u64,
+                        next_after: next as u64,
                     })
                 }
                 _ => Err(StoreError::backend(format!(

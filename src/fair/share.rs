@@ -165,6 +165,17 @@ pub struct FairDecision {
     pub(crate) remaining: u64,
     /// Until the key's share and ceiling are full again (ns).
     pub(crate) reset_after: u64,
+    /// Until `remaining` grows by one (ns), the pool's active weight as it is; a refusal's
+    /// retry-after; zero when it never does (it is the most the key may have).
+    pub(crate) next_after: u64,
+}
+
+/// How long until a bound of cap `cap` at interval `t`, filled `fill` ahead of now, holds
+/// `want` units; `None` when it never can.
+fn until(fill: u64, t: u64, cap: u64, want: u64) -> Option<u64> {
+    let need = u128::from(want) * u128::from(t);
+    (need <= u128::from(cap))
+        .then(|| (u128::from(fill) + need).saturating_sub(u128::from(cap)) as u64)
 }
 
 /// `max(0, tat - now)`.
@@ -261,11 +272,30 @@ pub(crate) fn decide(
         let remaining = ((share.ceil_cap - fc) / share.ceil_t)
             .min((pool.cap - fp) / pool.t)
             .min(by_share.max(by_spare));
+        // One more once the ceiling and the pool hold it, and the share or the spare half
+        // (a pool of burst 1 never lends).
+        let want = remaining + 1;
+        let lend = (2 * pool.t <= pool.cap)
+            .then(|| until(fp, pool.t, pool.cap / 2, want))
+            .flatten();
+        let either = match (until(fs, share_t, share_cap, want), lend) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next_after = [
+            until(fc, share.ceil_t, share.ceil_cap, want),
+            until(fp, pool.t, pool.cap, want),
+            either,
+        ]
+        .into_iter()
+        .try_fold(0, |m, w| w.map(|w| m.max(w)))
+        .unwrap_or(0);
         return FairDecision {
             admitted: true,
             retry_after: 0,
             remaining,
             reset_after: fc.max(fs),
+            next_after,
         };
     }
     // A pool whose one interval is more than half its burst (a burst of 1) never lends.
@@ -289,6 +319,7 @@ pub(crate) fn decide(
         retry_after,
         remaining: 0,
         reset_after: fill(k.ceil_tat, now).max(fill(k.share_tat, now)),
+        next_after: retry_after,
     }
 }
 

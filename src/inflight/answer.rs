@@ -13,8 +13,8 @@ use crate::observe::{Counted, InFlightMetrics};
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;
 use crate::response::{
-    grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, QUOTA_EXCEEDED,
-    RATELIMIT, RATELIMIT_POLICY,
+    grpc, prefixed_value, problem_body, quota_refusal, sf_string, shared_value, PAST_DEADLINE,
+    PAST_DEADLINE_TITLE, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY,
 };
 
 /// The in-flight layer's words.
@@ -23,6 +23,10 @@ pub(crate) static WORDING: Wording = Wording {
     no_key: "No in-flight limit key could be extracted from this request.",
     store_down: "The in-flight limiter's store is unavailable.",
 };
+
+/// The detail (and gRPC message) of a request refused at its deadline.
+const LATE: &str =
+    "This request was still waiting for a slot at its deadline; retry when one has finished.";
 
 /// `RateLimit` values formatted in advance, for this many remaining slots and fewer.
 const PRESET: u32 = 256;
@@ -43,6 +47,8 @@ pub(crate) struct InFlightReplies {
     remaining: Vec<HeaderValue>,
     /// The problem body of a refusal.
     body: Bytes,
+    /// The problem body of a request refused at its deadline, still waiting for a slot.
+    late_body: Bytes,
     /// Its decisions, and the slots held now.
     metrics: InFlightMetrics,
 }
@@ -80,6 +86,13 @@ impl InFlightReplies {
             &[label],
             Some(QUOTA_EXCEEDED),
         );
+        let late_body = problem_body(
+            429,
+            PAST_DEADLINE_TITLE,
+            LATE,
+            &[label],
+            Some(PAST_DEADLINE),
+        );
         InFlightReplies {
             metrics: InFlightMetrics::new(label),
             label: Arc::clone(label),
@@ -87,6 +100,7 @@ impl InFlightReplies {
             prefix,
             remaining,
             body,
+            late_body,
         }
     }
 
@@ -111,8 +125,18 @@ impl InFlightReplies {
         let message = grpc.then_some(
             "Too many requests of this client are in flight; retry when one has finished.",
         );
+        self.refusal_with(&self.body, message)
+    }
+
+    /// The refusal of a request still waiting for a slot at its deadline: the same, of
+    /// the problem type `…#queued-past-the-deadline`.
+    fn late_refusal(&self, grpc: bool) -> Response<Bytes> {
+        self.refusal_with(&self.late_body, grpc.then_some(LATE))
+    }
+
+    fn refusal_with(&self, body: &Bytes, message: Option<&str>) -> Response<Bytes> {
         // `RateLimit-Policy` and `RateLimit` follow.
-        let mut r = quota_refusal(Some(self.body.clone()), message, Some(RETRY_AFTER), 2);
+        let mut r = quota_refusal(Some(body.clone()), message, Some(RETRY_AFTER), 2);
         self.apply(r.headers_mut(), 0);
         r
     }
@@ -136,13 +160,13 @@ impl Slot {
     }
 }
 
-/// The refusal of a request still waiting for a slot at its deadline (the layer's
-/// refusal), counted apart from the others.
+/// The refusal of a request still waiting for a slot at its deadline, counted and logged
+/// apart from the others (`deadline`).
 #[cold]
 pub(crate) fn late<B>(replies: &InFlightReplies, req: &Request<B>) -> OwnAnswer {
     replies.metrics.count(Counted::Deadline);
-    tracing::debug!(target: "tollgate", limiter = %replies.label, "in-flight limit refused a request at its deadline");
-    Box::new(replies.refusal(grpc::is_grpc(req.headers())))
+    tracing::info!(target: "tollgate", limiter = %replies.label, outcome = "deadline", "in-flight limit refused a request at its deadline, still waiting for a slot");
+    Box::new(replies.late_refusal(grpc::is_grpc(req.headers())))
 }
 
 /// What an attempt to take a slot means for `req`: proceed with its slot, or an answer of

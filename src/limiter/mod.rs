@@ -455,7 +455,8 @@ where
 
     /// A request the store queued whose slot comes after its deadline: its units go back
     /// at once (the slot is free for the next request), and it is refused with the slot's
-    /// wait as its retry-after, counted apart from the other refusals.
+    /// wait as its retry-after (then it is served at once, whatever deadline it carries),
+    /// counted and logged apart from the other refusals (`deadline`).
     #[cold]
     fn late<Req, K>(
         &self,
@@ -473,27 +474,37 @@ where
         self.store.refund(&key, at.policy, at.cost);
         at.installed.metrics[at.index].late(|| self.flavour.matched_route(req));
         let name = at.installed.set.entry(at.index).name.as_deref();
-        crate::deadline::refused(self.observe.label(), name.unwrap_or("default"), wait);
         let late = late_decision(d, at.policy, wait);
+        self.observe
+            .late(name, &|| self.flavour.route(req), &key, &late);
         Next::Refuse(self.flavour.late(req, &at.verdict(&late)))
     }
 }
 
 /// A queued request's decision turned into its refusal for a deadline: refused, to retry
 /// when its slot would have come; the queues (the limits that make a request wait) are
-/// the limits it violates.
+/// the limits it violates, and report nothing left for it until then (`r=0`, `t` its
+/// retry-after, as `Retry-After`). The other limits report what the admission left (a
+/// request's units fewer than they have after its units went back: never more).
 fn late_decision(d: &Decision, policy: &Policy, wait: Duration) -> Decision {
     let mut late = *d;
     late.outcome = Outcome::Denied { retry_after: wait };
     let limits = policy.limits();
+    let shadow = policy.shadow_mask();
     for r in &mut late.limits[..usize::from(d.len)] {
-        let queue = limits.get(r.index()).is_none_or(|l| {
-            matches!(
-                l.algorithm(),
-                crate::algorithm::Algorithm::LeakyQueue { .. }
-            )
-        });
+        // A queue in shadow delays nothing.
+        let queue = shadow & (1 << r.index()) == 0
+            && limits.get(r.index()).is_none_or(|l| {
+                matches!(
+                    l.algorithm(),
+                    crate::algorithm::Algorithm::LeakyQueue { .. }
+                )
+            });
         r.allowed = !queue;
+        if queue {
+            r.remaining = 0;
+            r.next_after = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        }
     }
     late
 }

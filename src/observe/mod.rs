@@ -75,6 +75,12 @@ pub(crate) fn unix_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A wait in whole milliseconds, rounded up: what events say in `retry_after_ms`, as the
+/// problem bodies do.
+pub(crate) fn ms_up(wait: std::time::Duration) -> u64 {
+    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 fn policy_label(name: Option<&str>) -> &str {
     name.unwrap_or("default")
 }
@@ -147,7 +153,8 @@ impl Observe {
     /// A refusal, or a request a shadow limit would have refused. The key's hash and the
     /// fields are computed only when a subscriber wants the event. Each fact is one field:
     /// `outcome` (`denied`; `exceeds`: a cost no limit can ever admit; `shadowed`: let
-    /// through by a shadow limit) and, where there is one, the wait in `retry_after_ms`.
+    /// through by a shadow limit; `deadline`, from [`Observe::late`]) and, where there is
+    /// one, the wait in `retry_after_ms`.
     fn refused<'r, K: Hash>(
         &self,
         policy: Option<&str>,
@@ -170,8 +177,30 @@ impl Observe {
             route = route(),
             key = %format_args!("{:016x}", key_hash(key)),
             outcome,
-            retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
+            retry_after_ms = d.retry_after().map(ms_up),
             "{message}"
+        );
+    }
+
+    /// A request refused because its turn in a queue comes after its deadline (`d`:
+    /// denied, retry after its turn): an event like a refusal's, of outcome `deadline`.
+    #[cold]
+    pub(crate) fn late<'r, K: Hash>(
+        &self,
+        policy: Option<&str>,
+        route: &dyn Fn() -> Option<&'r str>,
+        key: &K,
+        d: &Decision,
+    ) {
+        tracing::info!(
+            target: "tollgate",
+            limiter = %self.label,
+            policy = policy_label(policy),
+            route = route(),
+            key = %format_args!("{:016x}", key_hash(key)),
+            outcome = "deadline",
+            retry_after_ms = d.retry_after().map(ms_up),
+            "rate limit refused a request: its turn in the queue comes after its deadline"
         );
     }
 
@@ -202,7 +231,7 @@ impl Observe {
             route,
             ?source,
             admitted = d.is_allowed(),
-            retry_after_ms = d.retry_after().map(|r| r.as_millis() as u64),
+            retry_after_ms = d.retry_after().map(ms_up),
             "rate-limit store unavailable: decided without it"
         );
     }

@@ -350,7 +350,9 @@ impl Policy {
     /// Charges `cost` units to every limit without a check, whatever they say: a cost
     /// settled above what was reserved ([`Store::settle`](crate::store::Store::settle)),
     /// or a request decided under another policy charged to the state this one wrote. A
-    /// limit may go over; the key then waits it out.
+    /// limit may go over, at most to twice its capacity (a bucket or queue one capacity
+    /// below empty, a window twice its limit); the key then waits it out. See [a state in
+    /// debt](crate::algorithm#a-state-in-debt).
     pub fn charge(&self, state: &mut [u64], now: u64, cost: u64) {
         for (limit, span) in self.spans() {
             limit.force(&mut state[span], now, cost);

@@ -106,6 +106,24 @@ impl Http {
         }
     }
 
+    /// A refusal with the headers the decision hook adds.
+    fn hooked<B>(
+        &self,
+        req: &Request<B>,
+        v: &Verdict<'_, Fields>,
+        mut r: OwnResponse,
+    ) -> OwnResponse {
+        if let Some(extra) = self.hook(req, v) {
+            let mut headers = ResponseHeaders::default();
+            headers.extra = Some(Box::new(Extra {
+                headers: extra,
+                settle: None,
+            }));
+            headers.apply(r.headers_mut());
+        }
+        r
+    }
+
     /// Whether to answer `req` with a gRPC status rather than an HTTP refusal.
     fn grpc<B>(&self, req: &Request<B>) -> bool {
         self.answers.grpc && grpc::is_grpc(req.headers())
@@ -130,21 +148,26 @@ impl<B> Flavour<Request<B>> for Http {
     type Extra = ResponseHeaders;
 
     fn refuse(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {
-        let mut r = if self.grpc(req) {
+        let r = if self.grpc(req) {
             v.prepared
                 .grpc_refusal(&self.answers, v.decision, v.shadow_mask)
         } else {
             v.prepared.refusal(&self.answers, v.decision, v.shadow_mask)
         };
-        if let Some(extra) = self.hook(req, v) {
-            let mut headers = ResponseHeaders::default();
-            headers.extra = Some(Box::new(Extra {
-                headers: extra,
-                settle: None,
-            }));
-            headers.apply(r.headers_mut());
-        }
-        r
+        self.hooked(req, v, r)
+    }
+
+    /// A refusal of its own problem type (and gRPC message): the request's turn in a queue
+    /// comes after its deadline.
+    fn late(&self, req: &Request<B>, v: &Verdict<'_, Fields>) -> Self::Refusal {
+        let r = if self.grpc(req) {
+            v.prepared
+                .late_grpc_refusal(&self.answers, v.decision, v.shadow_mask)
+        } else {
+            v.prepared
+                .late_refusal(&self.answers, v.decision, v.shadow_mask)
+        };
+        self.hooked(req, v, r)
     }
 
     #[inline(always)]

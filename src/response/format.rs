@@ -19,9 +19,10 @@ use super::own::{quota_refusal, NO_STORE, PROBLEM_JSON};
 use super::settle::Pending;
 pub(crate) use super::values::problem_body;
 use super::values::{
-    items_and_seconds, items_value, push_u64, retry_after_secs, seconds_value, sf_string,
-    shared_value, Item,
+    items_value, problem_open, push_u64, refusal_values, retry_after_secs, seconds_value, sf_int,
+    sf_string, shared_value, with_wait, Item,
 };
+use crate::algorithm::{Algorithm, Limit};
 use crate::{decision::Decision, decision::Outcome, decision::MAX_LIMITS, policy::Policy};
 
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -32,6 +33,12 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 pub(crate) const QUOTA_EXCEEDED: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// The problem type of a request refused because its turn in a queue comes after its
+/// caller's deadline (see the responses guide).
+pub(crate) const PAST_DEADLINE: &str =
+    "https://docs.rs/tollgate/latest/tollgate/response/index.html#queued-past-the-deadline";
+/// Its title.
+pub(crate) const PAST_DEADLINE_TITLE: &str = "Queued Past the Deadline";
 
 /// A custom rejection: builds the refusal from the decision. The middleware still adds
 /// `Retry-After` and the `RateLimit` fields when the closure did not set them.
@@ -86,16 +93,50 @@ pub struct Fields {
     policy_values: Vec<HeaderValue>,
     /// `"name";r=` of each limit.
     prefixes: Vec<Vec<u8>>,
+    /// Each limit's `q` (the legacy trio's limit too).
     quotas: Vec<u64>,
-    /// Problem bodies by the subset of limits that refused.
-    bodies: Vec<Bytes>,
+    /// Problem bodies by the subset of limits that refused, without their closing brace:
+    /// a refusal closes them with its wait.
+    bodies: Vec<Vec<u8>>,
     exceeds_bodies: Vec<Bytes>,
+    /// The problem bodies of a request refused for its deadline, by the subset of the
+    /// policy's queues it waited in (those enforced for its key), opened as `bodies` are;
+    /// none without a queue.
+    late_bodies: Vec<(usize, Vec<u8>)>,
     /// Every limit: the mask of a key shadowed from none.
     all: usize,
     /// The head of the commonest refusal (a denied request, a problem body, the IETF
     /// fields of every limit), its `Retry-After` and `RateLimit` values left blank: one
     /// clone of it is a refusal's header map, without a name hashed.
     denied_head: HeaderMap,
+}
+
+/// What a refusal is for: a limit refused, or the request's turn in a queue comes after its
+/// deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    Quota,
+    Late,
+}
+
+/// What `RateLimit-Policy` advertises for a limit: `q` units per window of `w` whole
+/// seconds. The window is the quota's period, or the least multiple of it whose quota
+/// holds the most the limit admits at once (a burst above the rate, a queue's waiting
+/// units), rounded up to whole seconds: `q` is never below a `RateLimit` item's `r`, and
+/// `q / w` is the limit's rate (rounded down when the window is not a whole number of
+/// periods). Both at most [`SF_MAX`](super::values::SF_MAX).
+fn advertised(l: &Limit) -> (u64, u64) {
+    const NS: u128 = 1_000_000_000;
+    let quota = l.quota();
+    let (limit, period) = (u128::from(quota.limit()), u128::from(quota.period_ns()));
+    let k = u128::from(l.max_cost()).div_ceil(limit).max(1);
+    let span = k * period;
+    let w = span.div_ceil(NS).max(1);
+    // `limit * w * NS / period`, as `k * limit` and the part of a period `w` adds (under
+    // a second), so that nothing overflows.
+    let q = k * limit + limit * (w * NS - span) / period;
+    let int = |n: u128| sf_int(u64::try_from(n).unwrap_or(u64::MAX));
+    (int(q), int(w))
 }
 
 impl fmt::Debug for Fields {
@@ -182,17 +223,14 @@ impl Fields {
         let limits = policy.limits();
         let mut items = Vec::new();
         let mut prefixes = Vec::new();
+        let mut quotas = Vec::new();
         for l in limits {
-            // q per w seconds; a sub-second or fractional period is scaled to whole seconds.
-            let period = l.quota().period();
-            let w = retry_after_secs(period).max(1);
-            let q = ((l.quota().limit() as u128 * w as u128 * 1_000_000_000)
-                / period.as_nanos().max(1))
-            .min(u64::MAX as u128) as u64;
+            let (q, w) = advertised(l);
+            quotas.push(q);
             let mut item = Vec::new();
             sf_string(l.name(), &mut item);
             item.extend_from_slice(b";q=");
-            push_u64(&mut item, q.max(1));
+            push_u64(&mut item, q);
             item.extend_from_slice(b";w=");
             push_u64(&mut item, w);
             items.push(item);
@@ -206,6 +244,8 @@ impl Fields {
         let pick = |mask: usize| -> Vec<usize> {
             (0..limits.len()).filter(|i| mask & (1 << i) != 0).collect()
         };
+        let violated =
+            |mask: usize| -> Vec<&str> { pick(mask).into_iter().map(|i| names[i]).collect() };
         let policy_values: Vec<HeaderValue> = (0..subsets)
             .map(|mask| {
                 let mut v = Vec::new();
@@ -218,29 +258,56 @@ impl Fields {
                 shared_value(v)
             })
             .collect();
-        let body = |detail: &str| {
-            (0..subsets)
-                .map(|mask| {
-                    let violated: Vec<&str> = pick(mask).into_iter().map(|i| names[i]).collect();
-                    problem_body(
-                        429,
-                        "Too Many Requests",
-                        detail,
-                        &violated,
-                        Some(QUOTA_EXCEEDED),
-                    )
-                })
-                .collect()
+        let open = |detail: &str, mask: usize| {
+            problem_open(
+                429,
+                "Too Many Requests",
+                detail,
+                &violated(mask),
+                Some(QUOTA_EXCEEDED),
+            )
         };
+        let queues = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| matches!(l.algorithm(), Algorithm::LeakyQueue { .. }))
+            .fold(0usize, |m, (i, _)| m | (1 << i));
         Fields {
             denied_head: denied_head(&policy_values[subsets - 1]),
             policy_values,
             prefixes,
-            quotas: limits.iter().map(|l| l.quota().limit()).collect(),
-            bodies: body("Request quota exceeded; retry after the number of seconds in Retry-After."),
-            exceeds_bodies: body(
-                "This request costs more than the quota can ever admit at once; retrying will not help.",
-            ),
+            quotas,
+            bodies: (0..subsets)
+                .map(|mask| {
+                    open(
+                        "Request quota exceeded; retry after the number of seconds in Retry-After.",
+                        mask,
+                    )
+                })
+                .collect(),
+            exceeds_bodies: (0..subsets)
+                .map(|mask| {
+                    let mut body = open(
+                        "This request costs more than the quota can ever admit at once; retrying will not help.",
+                        mask,
+                    );
+                    body.push(b'}');
+                    Bytes::from(body)
+                })
+                .collect(),
+            late_bodies: (1..subsets)
+                .filter(|mask| mask & !queues == 0)
+                .map(|mask| {
+                    let body = problem_open(
+                        429,
+                        PAST_DEADLINE_TITLE,
+                        "This request's turn in the queue comes after its deadline; retry after the number of seconds in Retry-After.",
+                        &violated(mask),
+                        Some(PAST_DEADLINE),
+                    );
+                    (mask, body)
+                })
+                .collect(),
             all: subsets - 1,
         }
     }
@@ -269,8 +336,8 @@ impl Fields {
             }
             let item = Item(
                 &self.prefixes[i.min(self.prefixes.len() - 1)],
-                r.format(l.remaining()),
-                t.format(retry_after_secs(l.next_after())),
+                r.format(sf_int(l.remaining())),
+                t.format(sf_int(retry_after_secs(l.next_after()))),
             );
             len += usize::from(n > 0) * 2 + item.len();
             items[n] = item;
@@ -303,6 +370,7 @@ impl Fields {
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default();
                 let reset = now.as_secs() + retry_after_secs(l.reset_after());
+                // The limit's `q`: `RateLimit-Policy`'s, never below `remaining`.
                 let q = self.quotas.get(l.index()).copied().unwrap_or(0);
                 h.legacy = Some(Box::new([
                     HeaderValue::from(q),
@@ -322,8 +390,18 @@ impl Fields {
 
     /// The refusal for a denied or exceeding decision.
     pub(crate) fn refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
+        self.refusal_for(a, d, shadow, Refused::Quota)
+    }
+
+    /// The refusal of a request whose turn in a queue comes after its deadline (`d`:
+    /// denied, retry after its turn, the queues violated).
+    pub(crate) fn late_refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
+        self.refusal_for(a, d, shadow, Refused::Late)
+    }
+
+    fn refusal_for(&self, a: &Answers, d: &Decision, shadow: u8, why: Refused) -> Response<Bytes> {
         let Some(rejection) = &a.rejection else {
-            return self.standard_refusal(a, d, shadow);
+            return self.standard_refusal(a, d, shadow, why);
         };
         // The user's response, completed: their fields are kept unless ours say more.
         let mut response = rejection(d);
@@ -348,33 +426,48 @@ impl Fields {
     }
 
     /// The refusal without a rejection closure: a fresh response, so every field is
-    /// inserted without looking for one already there.
-    fn standard_refusal(&self, a: &Answers, d: &Decision, shadow: u8) -> Response<Bytes> {
-        let body = a.problem.then(|| {
-            let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
-            let bodies = match d.outcome() {
-                Outcome::Exceeds => &self.exceeds_bodies,
-                _ => &self.bodies,
-            };
-            bodies[mask.min(bodies.len() - 1)].clone()
+    /// inserted without looking for one already there. A denial's problem body ends with
+    /// its wait.
+    fn standard_refusal(
+        &self,
+        a: &Answers,
+        d: &Decision,
+        shadow: u8,
+        why: Refused,
+    ) -> Response<Bytes> {
+        let mask = d.violated().fold(0usize, |m, l| m | (1 << l.index()));
+        let Outcome::Denied { retry_after } = d.outcome() else {
+            let body = a
+                .problem
+                .then(|| self.exceeds_bodies[mask.min(self.exceeds_bodies.len() - 1)].clone());
+            return self.quota_refusal(a, d, shadow, body, None);
+        };
+        let late = (why == Refused::Late)
+            .then(|| self.late_bodies.iter().find(|(m, _)| *m == mask))
+            .flatten();
+        let open = a.problem.then(|| match late {
+            Some((_, body)) => &body[..],
+            None => &self.bodies[mask.min(self.bodies.len() - 1)][..],
         });
-        match (body, d.outcome()) {
-            (Some(body), Outcome::Denied { retry_after })
-                if a.ietf && !a.legacy && self.mask(shadow) == self.all =>
-            {
-                self.denied(d, body, retry_after)
+        match open {
+            Some(open) if a.ietf && !a.legacy && self.mask(shadow) == self.all => {
+                self.denied(d, open, retry_after)
             }
-            (body, _) => self.quota_refusal(a, d, shadow, body, None),
+            open => {
+                let body = open.map(|o| with_wait(o, retry_after));
+                self.quota_refusal(a, d, shadow, body, None)
+            }
         }
     }
 
     /// The commonest refusal, from its preformatted head: the same response as
-    /// [`Fields::quota_refusal`] gives it, its two values per request written together.
-    fn denied(&self, d: &Decision, body: Bytes, wait: Duration) -> Response<Bytes> {
-        let (rate_limit, retry_after) = self.rate_limit_items(d, self.all, |items, len| {
-            items_and_seconds(items, len, retry_after_secs(wait))
+    /// [`Fields::quota_refusal`] gives it, its three values per request (`RateLimit`,
+    /// `Retry-After`, the problem body) written together.
+    fn denied(&self, d: &Decision, open: &[u8], wait: Duration) -> Response<Bytes> {
+        let (rate_limit, retry_after, body) = self.rate_limit_items(d, self.all, |items, len| {
+            refusal_values(items, len, wait, Some(open))
         });
-        let mut r = Response::new(body);
+        let mut r = Response::new(body.unwrap_or_default());
         *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = r.headers_mut();
         // `Response::new`'s map is `HeaderMap::new()`, which owns no allocation: it is
@@ -401,6 +494,18 @@ impl Fields {
             }
             _ => "Request quota exceeded; retry after the delay in RetryInfo.",
         };
+        self.quota_refusal(a, d, shadow, None, Some(message))
+    }
+
+    /// [`Fields::grpc_refusal`] for a request whose turn in a queue comes after its
+    /// deadline.
+    pub(crate) fn late_grpc_refusal(
+        &self,
+        a: &Answers,
+        d: &Decision,
+        shadow: u8,
+    ) -> Response<Bytes> {
+        let message = "This request's turn in the queue comes after its deadline; retry after the delay in RetryInfo.";
         self.quota_refusal(a, d, shadow, None, Some(message))
     }
 
@@ -470,14 +575,17 @@ pub fn refusal(decision: &Decision, policy: &Policy) -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::response::values::{prefixed_value, rate_limit_item};
+    use crate::response::values::{prefixed_value, rate_limit_item, SF_MAX};
 
     #[test]
     fn values_are_written_exactly() {
-        for (r, t) in [(0, 0), (9, 10), (10, 99), (u64::MAX, u64::MAX)] {
+        for (r, t) in [(0, 0), (9, 10), (10, 99), (SF_MAX, SF_MAX)] {
             let v = rate_limit_item(b"\"default\";r=", r, t);
             assert_eq!(v.as_bytes(), format!("\"default\";r={r};t={t}").as_bytes());
         }
+        // Past RFC 9651's 15 digits: the largest integer a structured field carries.
+        let v = rate_limit_item(b"\"default\";r=", u64::MAX, SF_MAX + 1);
+        assert_eq!(v, "\"default\";r=999999999999999;t=999999999999999");
         assert_eq!(prefixed_value(b"x=", 1000).as_bytes(), b"x=1000");
     }
 
@@ -506,7 +614,8 @@ mod tests {
             let fields = Fields::new(&policy);
             let a = Answers::default();
             let fast = fields.refusal(&a, &d, 0);
-            let general = fields.quota_refusal(&a, &d, 0, Some(fields.bodies[1].clone()), None);
+            let body = with_wait(&fields.bodies[1], d.retry_after().unwrap());
+            let general = fields.quota_refusal(&a, &d, 0, Some(body), None);
             assert_eq!(fast.status(), general.status());
             let pairs = |r: &Response<Bytes>| -> Vec<(String, String)> {
                 r.headers()
@@ -522,27 +631,70 @@ mod tests {
     /// A thread repeats the values it wrote last only when they are the same values.
     #[test]
     fn repeated_values_are_the_values() {
-        let value = |r: &str, t: &str, secs: u64| {
+        let value = |r: &str, t: &str, ms: u64, open: Option<&[u8]>| {
             let item = Item(b"\"m\";r=", r, t);
             let len = item.len();
-            let (rate_limit, retry_after) = items_and_seconds(&[item], len, secs);
+            let wait = Duration::from_millis(ms);
+            let (rate_limit, retry_after, body) = refusal_values(&[item], len, wait, open);
             let text = |v: HeaderValue| v.to_str().unwrap().to_owned();
-            (text(rate_limit), text(retry_after))
+            let body = body.map(|b| String::from_utf8(b.to_vec()).unwrap());
+            (text(rate_limit), text(retry_after), body)
         };
-        for (r, t, secs) in [
-            ("0", "60", 60),
-            ("0", "60", 60),
-            ("0", "6", 60),
-            ("0", "60", 6),
-            ("1", "60", 60),
-            ("0", "3600", 3600),
-            ("0", "3600", 3600),
-            ("0", "360", 3600),
-            ("0", "3600", 3600),
+        let open: &[u8] = b"{\"status\":429";
+        let long = vec![b'x'; 600];
+        for (r, t, ms, open) in [
+            ("0", "60", 59_001, Some(open)),
+            ("0", "60", 59_001, Some(open)),
+            ("0", "60", 59_002, Some(open)),
+            ("0", "60", 59_002, None),
+            ("0", "6", 59_002, None),
+            ("0", "60", 5_002, Some(open)),
+            ("1", "60", 59_002, Some(open)),
+            ("0", "3600", 3_599_999, Some(open)),
+            ("0", "3600", 3_599_999, Some(&long[..])),
+            ("0", "3600", 3_599_999, Some(open)),
+            ("0", "360", 3_599_999, Some(open)),
         ] {
-            let expected = (format!("\"m\";r={r};t={t}"), secs.to_string());
-            assert_eq!(value(r, t, secs), expected);
+            let secs = u64::div_ceil(ms, 1000);
+            let body =
+                open.map(|o| format!("{},\"retry_after_ms\":{ms}}}", String::from_utf8_lossy(o)));
+            let expected = (format!("\"m\";r={r};t={t}"), secs.to_string(), body);
+            assert_eq!(value(r, t, ms, open), expected);
         }
+    }
+
+    /// What `RateLimit-Policy` advertises: the quota's rate over the window that holds the
+    /// most the limit admits at once, so that `q` is never below `r`.
+    #[test]
+    fn advertised_quotas_hold_the_burst() {
+        use crate::{algorithm::Limit, quota::Quota};
+        let q = |text: &str| {
+            let p: Policy = text.parse().unwrap();
+            advertised(&p.limits()[0])
+        };
+        assert_eq!(q("5/s"), (5, 1));
+        assert_eq!(q("5/s burst 10"), (10, 2));
+        assert_eq!(q("5/s burst 7"), (10, 2));
+        assert_eq!(q("100/min burst 200"), (200, 120));
+        assert_eq!(q("10/s meter"), (10, 1));
+        assert_eq!(q("queue 1/s 3"), (4, 4));
+        assert_eq!(q("queue 10/s 50 nodelay 5"), (60, 6));
+        assert_eq!(q("1000/day window"), (1000, 86_400));
+        assert_eq!(q("7/min sliding"), (7, 60));
+        // A sub-second period: the rate over one second.
+        let fast = Limit::token_bucket(Quota::new(10, Duration::from_millis(100)).unwrap());
+        assert_eq!(advertised(&fast.unwrap()), (100, 1));
+        // A period of no whole seconds: the rate rounded down over the window.
+        let odd = Limit::token_bucket(Quota::new(3, Duration::from_millis(1500)).unwrap());
+        assert_eq!(advertised(&odd.unwrap()), (4, 2));
+        // Past RFC 9651's 15 digits: the largest integer a client can read.
+        let huge = Limit::token_bucket(
+            Quota::per_second(1_000_000_000)
+                .unwrap()
+                .with_burst(5_000_000_000_000_000)
+                .unwrap(),
+        );
+        assert_eq!(advertised(&huge.unwrap()), (SF_MAX, 5_000_000));
     }
 
     #[test]

@@ -18,9 +18,9 @@ pub(crate) use format::Extra;
 pub(crate) use format::Fields;
 pub(crate) use format::Rejection;
 pub(crate) use format::ResponseHeaders;
-pub(crate) use format::QUOTA_EXCEEDED;
 pub(crate) use format::RATELIMIT;
 pub(crate) use format::RATELIMIT_POLICY;
+pub(crate) use format::{PAST_DEADLINE, PAST_DEADLINE_TITLE, QUOTA_EXCEEDED};
 pub use head::ResponseHead;
 pub(crate) use own::own_answer;
 #[cfg(feature = "json")]
@@ -40,3 +40,4 @@ pub(crate) use values::rate_limit_item;
 pub(crate) use values::retry_after_secs;
 pub(crate) use values::sf_string;
 pub(crate) use values::shared_value;
+pub(crate) use values::{problem_open, sf_int, with_wait};

@@ -8,6 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderValue;
 
+use crate::observe::ms_up;
+
 /// "10" to "99" back to back: `Retry-After` values below 100 are slices of static text, so
 /// they cost no allocation.
 const TWO_DIGITS: &str = "101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
@@ -27,6 +29,17 @@ pub(super) fn seconds_value(secs: u64) -> HeaderValue {
     }
 }
 
+/// The largest integer a structured field may carry (RFC 9651: at most 15 digits).
+pub(crate) const SF_MAX: u64 = 999_999_999_999_999;
+
+/// `n` as a structured field's integer: at most [`SF_MAX`]. The fields are hints a server
+/// may lower (draft-ietf-httpapi-ratelimit-headers-11 §6), so a count beyond it (a quota
+/// of a quadrillion bytes) is advertised as the largest one a client can read.
+#[inline]
+pub(crate) fn sf_int(n: u64) -> u64 {
+    n.min(SF_MAX)
+}
+
 /// Whole seconds for `Retry-After` / `t`, rounded up: any wait above zero is at least 1.
 pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     let secs = wait.as_secs();
@@ -37,10 +50,12 @@ pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
     }
 }
 
+/// A `RateLimit` item of one limit: `prefix` (`"name";r=`), then `remaining` and `secs`
+/// (`t`), each at most [`SF_MAX`].
 pub(crate) fn rate_limit_item(prefix: &[u8], remaining: u64, secs: u64) -> HeaderValue {
     let mut numbers = [itoa::Buffer::new(); 2];
     let [r, t] = &mut numbers;
-    let item = Item(prefix, r.format(remaining), t.format(secs));
+    let item = Item(prefix, r.format(sf_int(remaining)), t.format(sf_int(secs)));
     let mut v = Exact::new(item.len());
     v.item(&item);
     v.value()
@@ -75,6 +90,20 @@ pub(crate) fn problem_body(
     violated: &[&str],
     typ: Option<&str>,
 ) -> Bytes {
+    let mut s = problem_open(status, title, detail, violated, typ);
+    s.push(b'}');
+    Bytes::from(s)
+}
+
+/// A problem body as [`problem_body`] writes it, without its closing brace: a refusal
+/// adds its wait ([`with_wait`]).
+pub(crate) fn problem_open(
+    status: u16,
+    title: &str,
+    detail: &str,
+    violated: &[&str],
+    typ: Option<&str>,
+) -> Vec<u8> {
     let mut s = String::from("{");
     if let Some(t) = typ {
         s.push_str("\"type\":\"");
@@ -100,8 +129,24 @@ pub(crate) fn problem_body(
         }
         s.push(']');
     }
-    s.push('}');
-    Bytes::from(s)
+    s.into_bytes()
+}
+
+/// The extension member that closes a refusal's problem body: its exact wait in whole
+/// milliseconds, rounded up (`,"retry_after_ms":N}`; a client that waits that long is
+/// never early, and every JSON parser reads an integer exactly).
+const WAIT_MEMBER: &[u8] = b",\"retry_after_ms\":";
+
+/// A problem body opened by [`problem_open`], closed with the wait's member.
+pub(crate) fn with_wait(open: &[u8], wait: Duration) -> Bytes {
+    let mut ms = itoa::Buffer::new();
+    let ms = ms.format(ms_up(wait)).as_bytes();
+    let mut v = Exact::new(open.len() + WAIT_MEMBER.len() + ms.len() + 1);
+    v.push(open);
+    v.push(WAIT_MEMBER);
+    v.push(ms);
+    v.push(b"}");
+    Bytes::from(v.0)
 }
 
 fn json_escape(s: &str, out: &mut String) {
@@ -125,8 +170,10 @@ pub(crate) fn sf_string(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
-/// Room for a refusal's `RateLimit` value and its `Retry-After` seconds written together.
-const ROOM: usize = 64;
+/// Room for a refusal's `RateLimit` value, its `Retry-After` seconds and its problem body
+/// written together: a body naming one or two limits of short names fits (about 260 and
+/// 300 bytes); a larger one is written apart.
+const ROOM: usize = 384;
 
 /// Header values written back to back into one small buffer, which one allocation then
 /// holds for all of them: each value is a slice of it.
@@ -148,12 +195,14 @@ impl Together {
         self.len += bytes.len();
     }
 
-    /// Two values, the bytes before `cut` and those after, in one allocation.
+    /// Three parts, the bytes before `cuts[0]`, up to `cuts[1]` and after, in one
+    /// allocation.
     #[inline(never)]
-    fn values(&self, cut: usize) -> (HeaderValue, HeaderValue) {
-        let mut both = Bytes::from_owner(*self);
-        let first = both.split_to(cut);
-        (shared(first), shared(both))
+    fn parts(&self, cuts: [usize; 2]) -> (HeaderValue, HeaderValue, Bytes) {
+        let mut all = Bytes::from_owner(*self);
+        let first = all.split_to(cuts[0]);
+        let second = all.split_to(cuts[1] - cuts[0]);
+        (shared(first), shared(second), all)
     }
 }
 
@@ -169,21 +218,32 @@ pub(super) fn items_value(items: &[Item<'_>], len: usize) -> HeaderValue {
     v.value()
 }
 
-/// The `RateLimit` value of `items` (`len` bytes) and the `Retry-After` value of `secs`,
-/// written back to back into a small buffer that one allocation then holds for both. A
-/// thread repeats the values it wrote last without writing them again: refusals come in
-/// runs (a client retrying in a loop, a flood) whose values stay the same for a second
+/// A refusal's values: the `RateLimit` value of `items` (`len` bytes), the `Retry-After`
+/// value of `wait` (whole seconds, rounded up) and the problem body opened by `open` (when
+/// given: [`problem_open`]) closed with the wait ([`with_wait`]), written back to back
+/// into a small buffer that one allocation then holds for all three. A thread repeats the
+/// values it wrote last without writing them again: refusals come in runs (a client
+/// retrying in a loop, a flood) whose values stay the same for a millisecond or a second
 /// at a time, and a clone of each (a count increased) spares the allocation, the check of
 /// the bytes and the free. Values too long for the buffer are written apart.
-pub(super) fn items_and_seconds(
+pub(super) fn refusal_values(
     items: &[Item<'_>],
     len: usize,
-    secs: u64,
-) -> (HeaderValue, HeaderValue) {
+    wait: Duration,
+    open: Option<&[u8]>,
+) -> (HeaderValue, HeaderValue, Option<Bytes>) {
+    let secs = retry_after_secs(wait);
     let mut number = itoa::Buffer::new();
     let digits = number.format(secs).as_bytes();
-    if len + digits.len() > ROOM {
-        return (items_value(items, len), seconds_value(secs));
+    let mut ms = itoa::Buffer::new();
+    let ms = ms.format(ms_up(wait)).as_bytes();
+    let body_len = open.map_or(0, |o| o.len() + WAIT_MEMBER.len() + ms.len() + 1);
+    if len + digits.len() + body_len > ROOM {
+        return (
+            items_value(items, len),
+            seconds_value(secs),
+            open.map(|o| with_wait(o, wait)),
+        );
     }
     let mut t = Together {
         buf: [0; ROOM],
@@ -197,27 +257,43 @@ pub(super) fn items_and_seconds(
             t.push(part);
         }
     }
-    let cut = t.len;
+    let cuts = [t.len, t.len + digits.len()];
     t.push(digits);
+    if let Some(o) = open {
+        for part in [o, WAIT_MEMBER, ms, b"}"] {
+            t.push(part);
+        }
+    }
+    let has_body = open.is_some();
     // `try_with`: a thread tearing its locals down writes its values without them.
     LAST.try_with(|last| {
         let mut last = last.borrow_mut();
-        if let Some((rate_limit, retry_after)) = &*last {
-            if rate_limit.as_bytes() == &t.buf[..cut] && retry_after.as_bytes() == digits {
-                return (rate_limit.clone(), retry_after.clone());
+        if let Some((rate_limit, retry_after, body)) = &*last {
+            if rate_limit.as_bytes() == &t.buf[..cuts[0]]
+                && retry_after.as_bytes() == digits
+                && body.as_ref() == &t.buf[cuts[1]..t.len]
+            {
+                return (
+                    rate_limit.clone(),
+                    retry_after.clone(),
+                    has_body.then(|| body.clone()),
+                );
             }
         }
-        let (rate_limit, retry_after) = t.values(cut);
-        *last = Some((rate_limit.clone(), retry_after.clone()));
-        (rate_limit, retry_after)
+        let (rate_limit, retry_after, body) = t.parts(cuts);
+        *last = Some((rate_limit.clone(), retry_after.clone(), body.clone()));
+        (rate_limit, retry_after, has_body.then_some(body))
     })
-    .unwrap_or_else(|_| t.values(cut))
+    .unwrap_or_else(|_| {
+        let (rate_limit, retry_after, body) = t.parts(cuts);
+        (rate_limit, retry_after, has_body.then_some(body))
+    })
 }
 
 thread_local! {
-    /// The `RateLimit` and `Retry-After` values [`items_and_seconds`] wrote last on this
-    /// thread (the two slices of one allocation).
-    static LAST: RefCell<Option<(HeaderValue, HeaderValue)>> = const { RefCell::new(None) };
+    /// The `RateLimit`, `Retry-After` and problem body values [`refusal_values`] wrote
+    /// last on this thread (the three slices of one allocation).
+    static LAST: RefCell<Option<(HeaderValue, HeaderValue, Bytes)>> = const { RefCell::new(None) };
 }
 
 /// A header value of bytes checked as they are written (digits, and policy names

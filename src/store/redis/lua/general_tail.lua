@@ -102,13 +102,14 @@ for j = 1, n do
 end
 
 -- GCRA ------------------------------------------------------------------------------
--- remaining: the units served at once (up to `free` ahead of now), as gcra.rs reports.
+-- remaining: the units admitted now (up to `cap` ahead of now, a queue's waiting ones
+-- included), and the time until one more is, as gcra.rs reports.
 local function gcra_report(l, fill, a)
-  local room = l.free
+  local room = l.cap
   local rem = 0
   if room > fill then rem = idiv(room - fill, l.t) end
   local nxt = 0
-  if fill > 0 then nxt = fill - (room - (rem + 1) * l.t) end
+  if fill > 0 and rem < idiv(room, l.t) then nxt = fill + (rem + 1) * l.t - room end
   return { a, rem, fill, nxt }
 end
 
@@ -140,6 +141,8 @@ local function fixed_eval(l, c)
     if rem < 0 then rem = 0 end
     return { a, rem, reset, reset }
   end
+  -- A cost of zero spends nothing, even on a count above the limit (a charge's debt).
+  if c == 0 then return 0, 0, { s[l.off], s[l.off + 1] }, rep(count, 1) end
   if c > l.limit then return 2, 0, nil, rep(count, 0) end
   if count + c <= l.limit then return 0, 0, { l.tag, count + c }, rep(count + c, 1) end
   return 1, (l.w - l.e) * 1000, nil, rep(count, 0)
@@ -205,6 +208,9 @@ local function sliding_eval(l, c)
     if rem < l.limit then nxt = sliding_wait(l, prev, cu, rem + 1) end
     return { a, rem, reset, nxt }
   end
+  -- A cost of zero spends nothing, even on counts above the limit (a charge's debt, a
+  -- smaller limit's carried counts).
+  if c == 0 then return 0, 0, { s[l.off], s[l.off + 1], s[l.off + 2] }, rep(cur, 1) end
   if c > l.limit then return 2, 0, nil, rep(cur, 0) end
   if fits(l, prev, cur, c) then return 0, 0, { l.tag, prev, cur + c }, rep(cur + c, 1) end
   return 1, sliding_wait(l, prev, cur, c), nil, rep(cur, 0)
