@@ -9,7 +9,7 @@ mod redis_support;
 
 use std::{collections::HashSet, time::Duration};
 
-use equiv::{compare, ops_strategy, policies_strategy};
+use equiv::{compare, compare_concurrent, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
 use redis_support::{stored_words, RedisCluster};
@@ -45,6 +45,19 @@ fn semantics_through_a_cluster() {
                 1_750_000_000_000_000u64..1_760_000_000_000_000u64,
             ),
             |(policies, ops, start)| rt.block_on(compare(&conn, &policies, start, &ops)),
+        )
+        .unwrap();
+    // Requests in flight together, batched per node, decide as they would one by one.
+    runner
+        .run(
+            &(
+                policies_strategy(),
+                ops_strategy(),
+                1_750_000_000_000_000u64..1_760_000_000_000_000u64,
+            ),
+            |(policies, ops, start)| {
+                rt.block_on(compare_concurrent(&conn, &policies, start, &ops, 16))
+            },
         )
         .unwrap();
 
@@ -166,4 +179,54 @@ async fn fair_through_the_cluster(conn: &RedisConnection) {
     let on_cluster = statuses(store, &clock).await;
     assert_eq!(on_memory, on_cluster);
     assert!(on_cluster.contains(&429) && on_cluster.contains(&200));
+}
+
+/// Regression: a cluster connection never batched (batching was for single nodes), so a
+/// fleet that outgrew one Redis was decided one call per request. Concurrent requests on
+/// keys all over the slots now go out as one call per node and batch, each key decided
+/// exactly (a burst of 2: two of its three requests admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_batch_per_node() {
+    let Some(cluster) = RedisCluster::start() else {
+        return;
+    };
+    let conn = RedisConnection::connect_cluster(cluster.urls())
+        .await
+        .unwrap();
+    let limit = Limit::token_bucket(Quota::per_minute(2).unwrap()).unwrap();
+    let store = RedisStore::builder("batched", limit).build(conn).unwrap();
+    let calls = |c: &RedisCluster| c.nodes.iter().map(|n| n.calls("evalsha")).sum::<u64>();
+    // The first request has no slot map yet: it goes alone, and asks for the map.
+    store.check("warm", 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = calls(&cluster);
+    let keys = 600;
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = std::collections::HashMap::new();
+            for round in 0..3 {
+                for k in (t..keys).step_by(64) {
+                    let d = store.check(&format!("k{k}"), 1).await.unwrap();
+                    assert_eq!(d.source(), Source::Store, "round {round}");
+                    *admitted.entry(k).or_insert(0) += u32::from(d.is_allowed());
+                }
+            }
+            admitted
+        }));
+    }
+    let mut per_key = std::collections::HashMap::new();
+    for t in tasks {
+        per_key.extend(t.await.unwrap());
+    }
+    let sent = calls(&cluster) - before;
+    eprintln!("cluster: {} requests in {sent} script calls", keys * 3);
+    assert_eq!(per_key.len(), keys);
+    assert!(per_key.values().all(|&n| n == 2), "each key's burst exactly");
+    assert!(
+        sent < (keys * 3) as u64 / 2,
+        "{sent} script calls for {} requests",
+        keys * 3
+    );
 }

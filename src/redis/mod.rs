@@ -27,5 +27,4 @@ pub use connection::RedisConnection;
 pub(crate) use deadline::{current_budget, with_budget, within, Budget};
 pub(crate) use fleet::Fleet;
 pub(crate) use keys::{push_sha1_hex, store_prefix, KeyNames};
-pub(crate) use node::NodeHandle;
 pub(crate) use script::{run, Invocation};

@@ -1,7 +1,8 @@
-//! Batching: the script calls of one single-node connection coalesced into one call while
-//! a call is already in flight.
+//! Batching: the script calls to one server coalesced into one call while a call is
+//! already in flight. A single-node connection has one lane ([`Lane`]); a cluster
+//! connection one per master node (see [`super::cluster`]).
 //!
-//! A request that finds the connection's batcher idle goes out at once, alone, as the
+//! A request that finds its lane idle goes out at once, alone, as the
 //! plain script call it would be without batching, made from the caller's own task, so an
 //! idle caller never waits for a batch. Requests made while a call is in flight queue; when
 //! it completes, the queue goes out as ONE call of the batch script (at most
@@ -29,9 +30,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ::redis::aio::ConnectionLike;
 use tokio::sync::oneshot;
 
+use super::cluster::ClusterLanes;
 use super::script::{self, Args, Ints};
 use crate::error::StoreError;
-use crate::redis::{run, Conn, Invocation, NodeHandle, RedisConnection};
+use crate::redis::{run, Conn, Invocation, RedisConnection};
 
 /// Most requests in one batch call.
 const MAX_BATCH: usize = 128;
@@ -57,23 +59,32 @@ pub(super) struct Request {
     pub(super) call: Call,
 }
 
-type Reply = Result<Vec<i64>, StoreError>;
+pub(super) type Reply = Result<Vec<i64>, StoreError>;
 
-/// Sends `call` on `key` for a store on `conn`: through the connection's batcher when
-/// `batching` and the connection is to a single node, as its own call otherwise. Both
-/// are borrowed: a request copies them only when it queues.
+/// Sends `call` on `key` for a store on `conn`: through the lane of the server that holds
+/// the key when `batching`, as its own call otherwise. Both are borrowed: a request copies
+/// them only when it queues.
 pub(super) async fn request(
     conn: &RedisConnection,
-    batcher: &Arc<Batcher>,
+    batcher: &Batcher,
     key: &[u8],
     call: &Call,
     batching: bool,
 ) -> Reply {
     match conn.conn() {
-        Conn::Single(c) if batching => batcher.submit(c, key, call).await,
+        Conn::Single(c) if batching => batcher.lane.submit(c, key, call).await,
+        Conn::Cluster(c) if batching => batcher.cluster.submit(c, key, call).await,
         Conn::Single(c) => one(&mut c.clone(), key, call).await,
         Conn::Cluster(c) => one(&mut c.clone(), key, call).await,
     }
+}
+
+/// A connection's lanes (attached to it, so shared by its clones and the stores built on
+/// them): one for a single node, one per master node of a cluster.
+#[derive(Default)]
+pub(super) struct Batcher {
+    lane: Arc<Lane>,
+    cluster: Arc<ClusterLanes>,
 }
 
 struct Pending {
@@ -101,21 +112,41 @@ impl State {
     }
 }
 
-/// The batcher of one connection (attached to it, so shared by its clones and the stores
-/// built on them).
+/// The queue of one server: a single node, or one master of a cluster.
 #[derive(Default)]
-pub(super) struct Batcher {
+pub(super) struct Lane {
     state: Mutex<State>,
+    /// Whether the server is a cluster's node (its batch script differs).
+    cluster: bool,
 }
 
-impl Batcher {
+/// What a lane sends its calls on: a single node's connection, or a cluster's (routed by
+/// the first key of each call).
+pub(super) trait Sender: ConnectionLike + Clone + Send + Sync + 'static {}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Sender for C {}
+
+impl Lane {
+    /// A cluster node's lane.
+    pub(super) fn cluster() -> Self {
+        Lane {
+            state: Mutex::default(),
+            cluster: true,
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sends `call` on `key` at once, from the caller's task, when nothing is in flight;
     /// otherwise queues a copy of both for the next batch.
-    async fn submit(self: &Arc<Self>, conn: &NodeHandle, key: &[u8], call: &Call) -> Reply {
+    pub(super) async fn submit<C: Sender>(
+        self: &Arc<Self>,
+        conn: &C,
+        key: &[u8],
+        call: &Call,
+    ) -> Reply {
         let queued = {
             let mut state = self.state();
             if state.calls > 0 {
@@ -158,7 +189,7 @@ impl Batcher {
 
     /// After a call: the queue goes out as the next call if nothing else is in flight, or
     /// as a second one once it is long enough; idle again when nothing is left.
-    fn finished(self: &Arc<Self>, conn: &NodeHandle) {
+    fn finished<C: Sender>(self: &Arc<Self>, conn: &C) {
         let mut state = self.state();
         state.calls -= 1;
         state.alone = false;
@@ -172,7 +203,7 @@ impl Batcher {
     /// Sends the head of the queue as one call, from a task of its own; `false` (and the
     /// queue dropped, its callers getting an error) when no runtime is left to run it:
     /// the caller's future was dropped during shutdown.
-    fn launch(self: &Arc<Self>, state: &mut State, conn: &NodeHandle) -> bool {
+    fn launch<C: Sender>(self: &Arc<Self>, state: &mut State, conn: &C) -> bool {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             if state.calls == 0 {
                 state.queue.clear();
@@ -189,13 +220,13 @@ impl Batcher {
 
 /// Hands the queue on when the caller making a call at once stops waiting for it (its
 /// deadline passed, or its future was dropped).
-struct HandOff<'a> {
-    batcher: &'a Arc<Batcher>,
-    conn: &'a NodeHandle,
+struct HandOff<'a, C: Sender> {
+    batcher: &'a Arc<Lane>,
+    conn: &'a C,
     done: bool,
 }
 
-impl Drop for HandOff<'_> {
+impl<C: Sender> Drop for HandOff<'_, C> {
     fn drop(&mut self) {
         if !self.done {
             self.batcher.finished(self.conn);
@@ -207,7 +238,7 @@ impl Drop for HandOff<'_> {
 /// shutting down); with no call left in flight, the queued requests are dropped with it,
 /// and their callers get an error.
 struct Ended<'a> {
-    batcher: &'a Batcher,
+    batcher: &'a Lane,
     done: bool,
 }
 
@@ -224,7 +255,7 @@ impl Drop for Ended<'_> {
 }
 
 /// Makes one call for `items` and answers their callers.
-async fn send(batcher: Arc<Batcher>, mut conn: NodeHandle, mut items: Vec<Pending>) {
+async fn send<C: Sender>(batcher: Arc<Lane>, mut conn: C, mut items: Vec<Pending>) {
     let mut ended = Ended {
         batcher: &batcher,
         done: false,
@@ -234,7 +265,7 @@ async fn send(batcher: Arc<Batcher>, mut conn: NodeHandle, mut items: Vec<Pendin
     // so that a second call may go out behind it.
     items.retain(|p| !p.reply.is_closed());
     if !items.is_empty() {
-        let replies = batch(&mut conn, &items).await;
+        let replies = batch(&mut conn, &items, batcher.cluster).await;
         for (i, p) in items.drain(..).enumerate() {
             let reply = match &replies {
                 Ok(r) => r.get(i).cloned().unwrap_or_else(|| Err(short())),
@@ -258,7 +289,7 @@ fn short() -> StoreError {
 /// A request on its own: the plain script call (and, when the fast script finds a state
 /// written under other limits, the general one right after it), or a `DEL`. Also how an
 /// unbatched store sends every request.
-async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply {
+pub(super) async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply {
     let backend = StoreError::backend;
     match call {
         Call::Script(args) => {
@@ -283,10 +314,18 @@ async fn one<C: ConnectionLike>(conn: &mut C, key: &[u8], call: &Call) -> Reply 
     }
 }
 
-/// Several requests in one call of the batch script; one reply per request, or the
-/// call's error for all.
-async fn batch(conn: &mut NodeHandle, items: &[Pending]) -> Result<Vec<Reply>, StoreError> {
-    let script: &'static ::redis::Script = &script::BATCH_SCRIPT;
+/// Several requests in one call of the batch script (on a cluster's node, its cluster
+/// variant); one reply per request, or the call's error for all.
+async fn batch<C: ConnectionLike>(
+    conn: &mut C,
+    items: &[Pending],
+    cluster: bool,
+) -> Result<Vec<Reply>, StoreError> {
+    let script: &'static ::redis::Script = if cluster {
+        &script::CLUSTER_BATCH_SCRIPT
+    } else {
+        &script::BATCH_SCRIPT
+    };
     // Every distinct key once, and every distinct list of limits once (a store's requests
     // share one); each request names both by their index.
     let mut keys: HashMap<&[u8], usize, foldhash::fast::RandomState> =
@@ -313,7 +352,13 @@ async fn batch(conn: &mut NodeHandle, items: &[Pending]) -> Result<Vec<Reply>, S
         5 + order.len() + 8 * lists.len(),
         128 + bytes + records.len(),
     );
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(order.len());
+    cmd.arg("EVALSHA").arg(script.get_hash());
+    if cluster {
+        // The first key routes the call to its node; all of them travel as arguments.
+        cmd.arg(1).arg(order[0]).arg(order.len());
+    } else {
+        cmd.arg(order.len());
+    }
     for k in &order {
         cmd.arg(*k);
     }

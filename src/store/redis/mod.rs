@@ -2,6 +2,7 @@
 
 mod batch;
 mod builder;
+mod cluster;
 mod failure;
 mod fallback;
 mod local_first;

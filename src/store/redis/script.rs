@@ -29,6 +29,23 @@ macro_rules! general_lua {
     };
 }
 
+/// The batch script's text after its first lines (which say whether it runs on a
+/// cluster): the general script wrapped, unchanged, in a function whose parameters `KEYS`,
+/// `ARGV` and `redis` shadow the globals of a plain call, then `batch_head.lua`,
+/// `gcra_decay.lua` and `batch_tail.lua`.
+macro_rules! batch_lua {
+    () => {
+        concat!(
+            "local function general(KEYS, ARGV, redis)\n",
+            general_lua!(),
+            "\nend\n",
+            include_str!("lua/batch_head.lua"),
+            include_str!("lua/gcra_decay.lua"),
+            include_str!("lua/batch_tail.lua"),
+        )
+    };
+}
+
 /// The decision script (one for every policy: the limits travel as arguments).
 pub(super) static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(general_lua!()));
 
@@ -48,14 +65,17 @@ pub(super) static GCRA_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
 /// `batch_head.lua`, `gcra_decay.lua` and `batch_tail.lua`, which decide the fast script's
 /// requests themselves and call the general one for the others, in order, with their own
 /// `redis` that reads and writes the batch's values in a table.
-pub(super) static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+pub(super) static BATCH_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(concat!("local CLUSTER = false\n", batch_lua!())));
+
+/// The batch script for one node of a Redis Cluster: its keys, of several slots of that
+/// node, travel among the arguments (a command's keys must share a slot; a script flagged
+/// `allow-cross-slot-keys`, Redis 7 and Valkey, may touch any key of its node), each read
+/// with its own `GET`.
+pub(super) static CLUSTER_BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
-        "local function general(KEYS, ARGV, redis)\n",
-        general_lua!(),
-        "\nend\n",
-        include_str!("lua/batch_head.lua"),
-        include_str!("lua/gcra_decay.lua"),
-        include_str!("lua/batch_tail.lua"),
+        "#!lua flags=allow-cross-slot-keys\nlocal CLUSTER = true\n",
+        batch_lua!()
     ))
 });
 

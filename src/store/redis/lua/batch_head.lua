@@ -2,7 +2,10 @@
 -- to the general script, wrapped in a function of (KEYS, ARGV, redis): `general`). This
 -- file, gcra_decay.lua and batch_tail.lua make it (script.rs composes them).
 --
--- KEYS     the batch's keys, each once
+-- KEYS     the batch's keys, each once (on a cluster, KEYS holds the first only, which
+--          routes the call to its node, and ARGV starts with the number of keys and all of
+--          them, every one of a slot of that node: `CLUSTER` says which; the call's other
+--          arguments follow, as below)
 -- ARGV[1]  the number of lists of limits, then each list: its length, then the general
 --          script's limit arguments (shadow, number of limits, per limit...)
 -- ARGV[p]  (the last) the requests in order, as little-endian doubles; per request:
@@ -35,7 +38,14 @@
 
 -- Globals cached in locals: in a script, reading a global costs a lookup in its table on
 -- every use, a local a register.
-local call, K, pack, sunpack = redis.call, KEYS, struct.pack, struct.unpack
+local call, pack, sunpack = redis.call, struct.pack, struct.unpack
+
+local K, A = KEYS, ARGV
+if CLUSTER then
+  local nk = tonumber(ARGV[1])
+  K = { unpack(ARGV, 2, nk + 1) }
+  A = { unpack(ARGV, nk + 2) }
+end
 
 local t = call('TIME')
 -- Arithmetic converts the strings with one strtod each (tonumber() would run two).
@@ -43,15 +53,15 @@ local clock = t[1] * 1000000 + t[2]
 
 local lists = {}
 local p = 2
-for l = 1, tonumber(ARGV[1]) do
-  local m = tonumber(ARGV[p])
-  lists[l] = { unpack(ARGV, p + 1, p + m) }
+for l = 1, tonumber(A[1]) do
+  local m = tonumber(A[p])
+  lists[l] = { unpack(A, p + 1, p + m) }
   p = p + 1 + m
 end
 -- The fast path's T and cap of each list, read when a request first needs them.
 local LT, LC = {}, {}
 
-local D = ARGV[p]
+local D = A[p]
 local R = { sunpack('<' .. string.rep('d', #D / 8), D) }
 -- struct.unpack's last result is the position after the data.
 local nr = #R - 1
@@ -60,7 +70,16 @@ local nr = #R - 1
 -- its list and write time given by N[j]: l > 0, the list l and the script's own time;
 -- -q, those of the timed request at R[q]. Otherwise val[j] is its value (false: none) and
 -- W[j] its pending write: the PX text of the value, false for a delete, nil for none.
-local val = call('MGET', unpack(K))
+local val
+if CLUSTER then
+  -- One MGET may not span slots, even on one node: each key read alone.
+  val = {}
+  for j = 1, #K do
+    val[j] = call('GET', K[j])
+  end
+else
+  val = call('MGET', unpack(K))
+end
 local N, F, W = {}, {}, {}
 
 -- The list, write time and TTL slack of a state in numbers whose N[j] is s.
