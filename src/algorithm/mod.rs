@@ -401,6 +401,11 @@ impl Limit {
         &self.name
     }
 
+    /// Whether the name was given with [`Limit::named`] (a policy set names the others).
+    pub(crate) fn is_named(&self) -> bool {
+        self.named
+    }
+
     /// Largest cost a single request can ever be admitted with.
     pub fn max_cost(&self) -> u64 {
         match self.params {

@@ -3,6 +3,7 @@
 pub(crate) mod choose;
 pub(crate) mod handle;
 mod limits;
+mod print;
 mod quote;
 #[cfg(feature = "serde")]
 mod serde;
