@@ -3,7 +3,8 @@
 //! through the layer makes no more allocations than the same request without it (IETF
 //! headers off), and exactly one more with the `RateLimit` field (its formatted value); so
 //! do the in-flight and fair layers. A refusal allocates no more than an admission plus
-//! its response, whatever its wait.
+//! its response, whatever its wait. And memory held, counted in live bytes: the fair
+//! store keeps within its budget whatever its keys' length.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -23,15 +24,33 @@ use tower::{Service, ServiceBuilder};
 struct Counting;
 
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Bytes allocated and not yet freed.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
+}
+
+/// The counts are global: the tests of this file run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Bytes allocated and not yet freed, now.
+fn live() -> usize {
+    LIVE.load(Ordering::Relaxed)
 }
 
 #[global_allocator]
@@ -82,7 +101,7 @@ fn layered(quota: Quota, ietf: bool) -> impl Service<Request<Body>> {
 
 #[test]
 fn memory_path_allocates_no_boxed_future() {
-    // Everything runs inside this one test so the counts are not disturbed by others.
+    let _serial = serial();
     let mut bare = ServiceBuilder::new().service_fn(handler);
     let mut plain = layered(Quota::per_second(1_000_000).unwrap(), false);
     let mut headers = layered(Quota::per_second(1_000_000).unwrap(), true);
@@ -161,4 +180,49 @@ fn memory_path_allocates_no_boxed_future() {
         refused_long, refused,
         "a refusal with Retry-After: 3600 vs one with Retry-After: 60"
     );
+}
+
+/// Regression: the fair store's budget counted each key at its inline size (24 bytes for a
+/// `String`, 16 for a header value), not the bytes it owns: keys of 256 bytes took it to
+/// about 6 times its budget. A key that owns heap memory is now kept as a 12-byte digest,
+/// and the table's allocation is what the budget bounds.
+#[test]
+fn the_fair_store_keeps_within_its_budget_whatever_the_keys_length() {
+    use tollgate::clock::ManualClock;
+    use tollgate::fair::MemoryFair;
+    use tollgate::key::{HeaderBytes, HeaderKey};
+
+    let _serial = serial();
+    const BUDGET: usize = 1 << 20;
+    let big = Quota::per_second(1_000_000).unwrap();
+    // A frozen clock: every key keeps its state, none can be dropped as fresh.
+    let store = MemoryFair::<HeaderBytes>::new()
+        .with_max_bytes(BUDGET)
+        .with_clock(ManualClock::at(std::time::Duration::from_secs(
+            1_800_000_000,
+        )));
+    let layer = FairLimitLayer::builder(HeaderKey::new("x-key").unwrap(), big)
+        .share(Share::new(Quota::per_second(1).unwrap(), big).unwrap())
+        .build_with(store.clone())
+        .unwrap();
+    let mut svc = ServiceBuilder::new().layer(layer).service_fn(handler);
+    let mut cx = Context::from_waker(Waker::noop());
+    let before = live();
+    for i in 0..40_000u32 {
+        let key = format!("{i:0>256}");
+        let req = Request::builder()
+            .header("x-key", key)
+            .body(Body::default())
+            .unwrap();
+        assert!(svc.poll_ready(&mut cx).is_ready());
+        let mut fut = std::pin::pin!(svc.call(req));
+        assert!(fut.as_mut().poll(&mut cx).is_ready());
+    }
+    let held = live() - before;
+    eprintln!(
+        "fair store: {} keys of 256 bytes in {held} bytes, budget {BUDGET}",
+        store.len()
+    );
+    assert!(store.len() > 10_000, "{} keys", store.len());
+    assert!(held <= BUDGET, "{held} bytes held for a budget of {BUDGET}");
 }
