@@ -226,3 +226,85 @@ fn the_fair_store_keeps_within_its_budget_whatever_the_keys_length() {
     assert!(store.len() > 10_000, "{} keys", store.len());
     assert!(held <= BUDGET, "{held} bytes held for a budget of {BUDGET}");
 }
+
+/// Regression: a policy set cost memory far beyond its text: 5.4 to 18.8 KB a policy once
+/// installed (each policy's response fields formatted and its metrics registered up
+/// front), and after swapping back to one policy most of it stayed (every policy kept by
+/// the store, every series by the recorder). Now a policy's fields and series are made at
+/// its first decision (the fallback's when the set is installed), and the store keeps
+/// only the parameters it decided under.
+#[test]
+fn a_policy_set_costs_memory_in_proportion_to_its_text() {
+    use tollgate::key::{HeaderBytes, HeaderKey, RequestHead};
+    use tollgate::policy::PolicySet;
+
+    let _serial = serial();
+    const N: usize = 10_000;
+    // Distinct parameters for every policy: none shares a store tag with another.
+    let text: String = (0..N)
+        .map(|i| format!("tenant-{i} = {}/s burst 200\n", i + 1))
+        .collect();
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let layer = RateLimitLayer::builder()
+            .key(HeaderKey::new("x-tenant").unwrap())
+            .policy("1/s")
+            .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| {
+                key.map(|k| String::from_utf8_lossy(k).into_owned())
+                    .unwrap_or_default()
+            })
+            .build()
+            .unwrap();
+        let mut svc = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service_fn(handler);
+        let handle = layer.policy_handle();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut call = |tenant: &str| {
+            let req = Request::builder()
+                .header("x-tenant", tenant)
+                .body(Body::default())
+                .unwrap();
+            assert!(svc.poll_ready(&mut cx).is_ready());
+            let mut fut = std::pin::pin!(svc.call(req));
+            assert!(fut.as_mut().poll(&mut cx).is_ready());
+        };
+        call("warm-up");
+        let before = live();
+        let set = PolicySet::from_text(&text).unwrap();
+        let parsed = live() - before;
+        handle.swap(set).unwrap();
+        let installed = live() - before;
+        // Ten tenants in use: their fields and series are made now.
+        for i in 0..10 {
+            call(&format!("tenant-{i}"));
+        }
+        let used = live() - before;
+        handle.swap_text("1/s").unwrap();
+        let retained = live().saturating_sub(before);
+        let per = |bytes: usize| bytes / N;
+        eprintln!(
+            "{N} policies, {} bytes of text ({} a line): parsed {} B/policy, installed {} \
+             B/policy, ten in use {} B/policy, {} B/policy retained after swapping back to \
+             one",
+            text.len(),
+            text.len() / N,
+            per(parsed),
+            per(installed),
+            per(used),
+            per(retained)
+        );
+        let line = text.len() / N;
+        assert!(
+            per(installed) <= 16 * line,
+            "{} B a policy installed",
+            per(installed)
+        );
+        assert!(
+            per(used) <= 16 * line,
+            "{} B a policy, ten in use",
+            per(used)
+        );
+        assert!(per(retained) <= 64, "{} B a policy retained", per(retained));
+    });
+}

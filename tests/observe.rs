@@ -398,6 +398,47 @@ fn degraded_of(
     .collect()
 }
 
+/// A set of more than 64 policies (a policy per tenant) registers a policy's series at its
+/// first decision, the fallback's when the set is installed: the recorder does not hold
+/// seven series for every tenant up front. A set of up to 64 registers all at once (the
+/// test above).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn a_large_set_registers_a_policys_series_at_its_first_decision() {
+    let rec = Recorder::new();
+    let _in_force = rec.in_force();
+    let text: String = (0..100).map(|i| format!("t{i} = 10/min\n")).collect();
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .policies(tollgate::policy::PolicySet::from_text(&text).unwrap())
+        .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| {
+            key.map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_default()
+        })
+        .label("tenants")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(layer);
+    let policies = |snap: &recorded::Snap| {
+        snap.counters(REQUESTS, &[("tollgate.limiter", "tenants")])
+            .keys()
+            .map(|l| l["tollgate.policy"].clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(policies(&rec.snapshot()), ["t0".to_owned()].into());
+    assert_eq!(send(&app, "/items/1", Some("t42")).await, StatusCode::OK);
+    let snap = rec.snapshot();
+    assert_eq!(policies(&snap), ["t0".to_owned(), "t42".to_owned()].into());
+    let t42 = [
+        ("tollgate.limiter", "tenants"),
+        ("tollgate.policy", "t42"),
+        ("tollgate.result", "admitted"),
+    ];
+    assert_eq!(snap.counter(REQUESTS, &t42), 1);
+}
+
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn requests_are_counted_per_policy_and_result_under_the_layer_label() {

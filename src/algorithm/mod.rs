@@ -331,9 +331,9 @@ impl Limit {
 
     /// Gives the limit a default name (a policy set names its policies' limits after the
     /// policy), unless one was set with [`Limit::named`].
-    pub(crate) fn named_by_default(mut self, name: &str) -> Self {
+    pub(crate) fn named_by_default(mut self, name: &Arc<str>) -> Self {
         if !self.named {
-            self.name = name.into();
+            self.name = Arc::clone(name);
         }
         self
     }
