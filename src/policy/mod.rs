@@ -9,6 +9,7 @@ mod quote;
 mod serde;
 mod set;
 mod text;
+mod watch;
 
 pub use self::handle::PolicyHandle;
 #[cfg(feature = "redis")]
@@ -16,6 +17,7 @@ pub(crate) use self::limits::Combine;
 pub use self::limits::{IntoPolicy, Policy};
 pub(crate) use self::set::check_names;
 pub use self::set::{PolicyName, PolicySet};
+pub use self::watch::{PolicyWatch, PolicyWatcher, WatchError, WatchStatus};
 
 #[cfg(test)]
 mod tests {
