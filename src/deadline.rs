@@ -17,8 +17,8 @@ use tokio::time::Instant;
 ///   ([`is_past_deadline`](crate::generic::RateLimited::is_past_deadline));
 /// - an in-flight limit's waiting request leaves the queue at its deadline, refused.
 ///
-/// Such refusals are counted apart: `tollgate.rate_limit.requests` and
-/// `tollgate.in_flight.requests` with `tollgate.result = "deadline"`.
+/// Such refusals are counted apart: `tollgate.rate_limit.requests_total` and
+/// `tollgate.in_flight.requests_total` with `tollgate.result = "deadline"`.
 ///
 /// An HTTP request's deadline is the earliest of:
 ///
