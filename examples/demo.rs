@@ -13,17 +13,19 @@
 //! - `GET /queue`:   5 per second, queue of 10, per client IP (delayed, excess refused);
 //!   a request whose slot would come after its deadline (`grpc-timeout`, or Envoy's
 //!   `x-envoy-expected-rq-timeout-ms`) is refused at once, and its slot goes to the next
-//! - `GET /api`:     5 per second, burst 5, per `x-api-key` header (keyless callers share
-//!   one bucket)
+//! - `GET /api`:     5 per second, burst 5, per `x-api-key` header (a request without
+//!   the header is refused with `400`, as every layer refuses a request without a key by
+//!   default)
 //! - `GET /plan`:    plans per `x-api-key`, in one layer: keys starting with `pro_` get 100
 //!   per minute, other keys 10 per minute, and every key also 1 000 per UTC day; a
 //!   request without a key is refused with `401` (problem+json, `WWW-Authenticate`)
 //! - `GET /shadow`:  5 per second per client IP in shadow: never refused, but a request
 //!   the limit would have refused carries a `tollgate-shadow` header, and the handler says
 //!   so (it reads the `Decision` from the request's extensions)
-//! - `POST /login`:  a JSON body `{"user": "...", "password": "..."}`; the password
-//!   `correct horse` answers 200, any other 401. At most 5 failures in any 15 minutes
-//!   per user (the key is read from the body); successes are not counted
+//! - `POST /login`:  a form (`user=...&password=...`) or a JSON body
+//!   `{"user": "...", "password": "..."}`; the password `correct horse` answers 200, any
+//!   other 401. At most 5 failures in any 15 minutes per user (the key is read from the
+//!   body, either kind); successes are not counted; a body without `user` gets `400`
 //! - `POST /admin/unban/{user}`: forgets a user's failed logins (an admin route: put it
 //!   behind your own authentication)
 //! - `GET /export`:  at most 2 requests in flight per client IP (the handler takes
@@ -49,26 +51,26 @@
 //! curl -i http://127.0.0.1:3000/plan                             # 401
 //! for i in $(seq 8); do curl -s -w '%{http_code} %header{tollgate-shadow}\n' -o /dev/null http://127.0.0.1:3000/shadow; done
 //! curl -s http://127.0.0.1:3000/metrics | grep tollgate_rate_limit_requests
-//! for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} ' -d '{"user":"eve","password":"guess"}' http://127.0.0.1:3000/login; done
+//! for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code} ' -d 'user=eve&password=guess' http://127.0.0.1:3000/login; done
 //! curl -X POST http://127.0.0.1:3000/admin/unban/eve
 //! curl -i --interface 127.0.0.66 http://127.0.0.1:3000/token   # 403 (Linux: all of 127/8 is local)
 //! ```
 
-use std::{hash::Hash, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::HashMap, hash::Hash, net::SocketAddr, sync::Arc, time::Duration};
 
-use axum::extract::Path;
-use axum::http::{header::WWW_AUTHENTICATE, HeaderValue, StatusCode};
+use axum::extract::{FromRequest, Path, Request};
+use axum::http::{header::CONTENT_TYPE, header::WWW_AUTHENTICATE, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Extension;
-use axum::Json;
 use axum::Router;
+use axum::{Form, Json};
 use tollgate::fair::{FairStore, MemoryFair, Share};
 use tollgate::inflight::{InFlightStore, MemoryInFlight};
 use tollgate::key::MissingKey;
-use tollgate::key::{HeaderBytes, HeaderKey, JsonField, JsonFieldLayer, PeerIp, RequestHead};
+use tollgate::key::{BodyField, BodyFieldLayer, HeaderBytes, HeaderKey, PeerIp, RequestHead};
 use tollgate::listener::ConnectionLimits;
 use tollgate::policy::IntoPolicy;
 use tollgate::store::KeyBytes;
@@ -188,9 +190,25 @@ async fn shadow(Extension(d): Extension<Decision>) -> &'static str {
     }
 }
 
-/// `POST /login` with `{"user": "...", "password": "..."}`.
-async fn login(Json(form): Json<serde_json::Value>) -> (StatusCode, &'static str) {
-    if form["password"] == "correct horse" {
+/// `POST /login` with a form, `user=...&password=...`, or a JSON body,
+/// `{"user": "...", "password": "..."}`.
+async fn login(req: Request) -> (StatusCode, &'static str) {
+    let form = req.headers().get(CONTENT_TYPE).is_some_and(|t| {
+        t.as_bytes()
+            .starts_with(b"application/x-www-form-urlencoded")
+    });
+    let password = if form {
+        Form::<HashMap<String, String>>::from_request(req, &())
+            .await
+            .ok()
+            .and_then(|Form(mut f)| f.remove("password"))
+    } else {
+        Json::<serde_json::Value>::from_request(req, &())
+            .await
+            .ok()
+            .and_then(|Json(v)| v["password"].as_str().map(str::to_owned))
+    };
+    if password.as_deref() == Some("correct horse") {
         (StatusCode::OK, "login: welcome\n")
     } else {
         (StatusCode::UNAUTHORIZED, "login: wrong password\n")
@@ -247,18 +265,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_with(stores.store("shadow", "5/s shadow")?)?;
 
     // Failed logins: at most 5 in any 15 minutes per user (five tries given back one
-    // every 15 minutes), the user read from the JSON body; a
+    // every 15 minutes), the user read from the body (a form or JSON); a
     // request is charged when admitted and refunded unless its answer is a 401, so
     // concurrent guesses cannot overrun the limit.
     let failed_logins = RateLimitLayer::builder()
-        .key(JsonField::key())
+        .key(BodyField::key())
         .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
         .label("login")
         .build_with(stores.store("login", "1/15min burst 5")?)?;
     let unban = {
         let failed_logins = failed_logins.clone();
         move |Path(user): Path<String>| async move {
-            match failed_logins.reset(JsonField::from(user.as_str())).await {
+            match failed_logins.reset(BodyField::from(user.as_str())).await {
                 Ok(()) => (StatusCode::OK, format!("{user}: failed logins forgotten\n")),
                 Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
             }
@@ -308,7 +326,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/login",
             post(login).layer(
                 tower::ServiceBuilder::new()
-                    .layer(JsonFieldLayer::new("user")) // reads the body first
+                    .layer(BodyFieldLayer::new("user")) // reads the body first
                     .layer(failed_logins),
             ),
         )

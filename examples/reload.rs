@@ -12,19 +12,19 @@
 //! applies, `#` comments. Keys starting with `pro_` get the `pro` policy, others `free`
 //! (a set without the name a key asks for gives it its first policy).
 //!
-//! A background task polls the file every 200 ms and, when its content changed, installs
-//! the new set with `layer.policy_handle().swap_text(..)`. Every key keeps its state: a
-//! key that spent its 5 of `free = 5/min` and then sees `free = 20/min` has 15 left, not
-//! a fresh 20 (see "How a key keeps its state across policies" in the `policy` module
-//! docs). A file that does not parse, or is not UTF-8, is reported (the line at fault, the
-//! text quoted cut short) and the set in force stays until the file is fixed. Parsing and
-//! installing run on a blocking thread, in time linear in the file's size (300,000
-//! policies take about a second), so requests are served meanwhile.
+//! The layer's built-in watcher (`PolicyHandle::watch_file`) looks at the file's metadata
+//! every 200 ms and, once a change has settled for one look, reads the file and installs
+//! its set. Every key keeps its state: a key that spent its 5 of `free = 5/min` and then
+//! sees `free = 20/min` has 15 left, not a fresh 20 (see "How a key keeps its state across
+//! policies" in the `policy` module docs). A file that does not parse, is not UTF-8, is
+//! too large, or is not a regular file (a directory, a FIFO) is reported (for a text, the
+//! line at fault, quoted cut short) and the set in force stays until the file is fixed.
+//! Parsing and installing run on a blocking thread, in time linear in the file's size
+//! (300,000 policies take about a second), so requests are served meanwhile.
 //!
-//! Replace the file atomically: write the new version beside it and rename it over the old
-//! one (`mv policies.txt.new policies.txt`; most editors save this way). A file rewritten in
-//! place can be read half-written, and a half that parses (the first 40 of 100 policies,
-//! say) would be installed.
+//! Replace the file atomically when you can: write the new version beside it and rename
+//! it over the old one (`mv policies.txt.new policies.txt`; most editors save this way).
+//! A file rewritten in place is read once it has stopped changing for 200 ms.
 
 use std::io;
 use std::net::SocketAddr;
@@ -32,15 +32,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::{routing::get, Router};
-use tokio::{sync::watch, task::JoinHandle, time::MissedTickBehavior};
+use tokio::sync::watch;
 use tollgate::key::{HeaderBytes, HeaderKey, RequestHead};
-use tollgate::policy::{PolicyHandle, PolicySet};
+use tollgate::policy::{PolicyHandle, PolicySet, PolicyWatch};
 use tollgate::RateLimitLayer;
 
 /// What a missing policy file is created with.
 const DEFAULT_POLICIES: &str = "\
 # tollgate policies, one `name = policy` a line; the first is the fallback.
-# `* = ...` holds limits every policy also applies. Saved changes apply within 200 ms.
+# `* = ...` holds limits every policy also applies. Saved changes apply within half a second.
 free = 10/min
 pro = 100/min
 * = daily: 1000/day window
@@ -48,11 +48,6 @@ pro = 100/min
 
 /// How often the file is looked at.
 const POLL: Duration = Duration::from_millis(200);
-
-/// Modification times can be as coarse as 2 s (FAT; 1 s on some others): a file modified
-/// less than this long ago is read even if its time and length look unchanged, since a
-/// second write within the same tick of the clock leaves both as they were.
-const COARSE: Duration = Duration::from_secs(3);
 
 /// `pro_...` keys get the `pro` policy, every other key `free`.
 fn plan(_: &RequestHead<'_>, key: Option<&HeaderBytes>) -> &'static str {
@@ -99,89 +94,30 @@ fn names(set: &PolicySet) -> String {
     format!("{count} {noun}: {}", shown.join(", "))
 }
 
-/// Polls `path` and installs its policies whenever its content differs from `seen` (the
-/// content in force). A content the handle refuses (or that is not UTF-8) is reported once
-/// and the set in force stays; fixing the file applies it. Every outcome is also published
-/// on `report`.
+/// Watches `path` and installs its policies whenever it changes; every outcome is printed
+/// and published on `report`.
 fn watch_file(
-    path: PathBuf,
-    mut seen: Vec<u8>,
-    handle: PolicyHandle,
+    path: &Path,
+    handle: &PolicyHandle,
     report: watch::Sender<Reloads>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut stamp = None;
-        let mut unreadable = false;
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let meta = match tokio::fs::metadata(&path).await {
-                Ok(meta) => meta,
-                Err(e) => {
-                    if !std::mem::replace(&mut unreadable, true) {
-                        eprintln!("{}: {e}; the policies in force stay", path.display());
-                    }
-                    continue;
-                }
-            };
-            unreadable = false;
-            // The modification time and length say when to read the file; the content
-            // decides whether it changed.
-            let now = (meta.modified().ok(), meta.len());
-            let recent = now
-                .0
-                .and_then(|m| m.elapsed().ok())
-                .is_none_or(|age| age < COARSE);
-            if stamp == Some(now) && !recent {
-                continue;
+) -> Result<PolicyWatch, tollgate::policy::WatchError> {
+    handle
+        .watch_file(path)
+        .interval(POLL)
+        .on_reload(move |outcome| match outcome {
+            Ok(set) => {
+                println!("reloaded ({})", names(set));
+                report.send_modify(|r| r.applied += 1);
             }
-            stamp = Some(now);
-            let Ok(bytes) = tokio::fs::read(&path).await else {
-                continue;
-            };
-            if bytes == seen {
-                continue;
+            Err(error) => {
+                eprintln!("not reloaded, the policies in force stay: {error}");
+                report.send_modify(|r| {
+                    r.refused += 1;
+                    r.last_error = Some(error.to_string());
+                });
             }
-            // Parsing a large file takes a while: off the runtime's threads.
-            let install = handle.clone();
-            let parsed = tokio::task::spawn_blocking(move || {
-                let outcome = match std::str::from_utf8(&bytes) {
-                    Ok(text) => install.swap_text(text).map_err(|e| e.to_string()),
-                    Err(e) => Err(format!(
-                        "not UTF-8 (byte {} is not valid)",
-                        e.valid_up_to() + 1
-                    )),
-                };
-                (bytes, outcome)
-            })
-            .await;
-            match parsed {
-                Ok((bytes, outcome)) => {
-                    // Either way, not read again until it changes.
-                    seen = bytes;
-                    match outcome {
-                        Ok(()) => {
-                            let set = handle.current();
-                            println!("{}: reloaded ({})", path.display(), names(&set));
-                            report.send_modify(|r| r.applied += 1);
-                        }
-                        Err(error) => {
-                            eprintln!(
-                                "{}: not reloaded, the policies in force stay: {error}",
-                                path.display()
-                            );
-                            report.send_modify(|r| {
-                                r.refused += 1;
-                                r.last_error = Some(error);
-                            });
-                        }
-                    }
-                }
-                Err(e) => eprintln!("{}: the reload task failed: {e}", path.display()),
-            }
-        }
-    })
+        })
+        .start()
 }
 
 /// Reads the policy file, writing the defaults first when it does not exist.
@@ -206,7 +142,7 @@ async fn start(
     let set = PolicySet::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let (app, handle) = app(set)?;
     let (report, reloads) = watch::channel(Reloads::default());
-    watch_file(path, text.into_bytes(), handle.clone(), report);
+    watch_file(&path, &handle, report)?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -290,7 +226,8 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
     let r = handled(&mut reloads, 2, WAIT).await?;
     assert_eq!((r.applied, r.refused), (1, 1));
     let error = r.last_error.unwrap_or_default();
-    assert!(error.starts_with("line 1:"), "{error}");
+    let at = format!("{}: line 1:", path.display());
+    assert!(error.starts_with(&at), "{error}");
     assert!(error.contains("\"mni\""), "{error}");
     assert_eq!(handle.current(), twenty);
     let (codes, kept) = send(&client, &url, 1).await?;
@@ -307,7 +244,8 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
     let r = handled(&mut reloads, 3, WAIT).await?;
     assert_eq!((r.applied, r.refused), (1, 2));
     let error = r.last_error.unwrap_or_default();
-    assert_eq!(error, "not UTF-8 (byte 15 is not valid)");
+    let not_utf8 = format!("{}: not UTF-8 (byte 15 is not valid)", path.display());
+    assert_eq!(error, not_utf8);
     assert_eq!(handle.current(), twenty);
     println!("not UTF-8:     refused ({error})");
 
@@ -317,7 +255,7 @@ async fn selftest() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!((r.applied, r.refused), (1, 3));
     let error = r.last_error.unwrap_or_default();
     assert!(
-        error.len() < 400,
+        error.len() < 400 + path.as_os_str().len(),
         "{} bytes: {}",
         error.len(),
         &error[..400]

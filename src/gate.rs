@@ -55,7 +55,7 @@ pub(crate) struct CommonOptions<X> {
 }
 
 impl<X> CommonOptions<X> {
-    /// `key`, named `label`, keyless requests shared, stores failing open.
+    /// `key`, named `label`, keyless requests refused (`400`), stores failing open.
     pub(crate) fn new(key: X, label: &str) -> Self {
         CommonOptions {
             key,
@@ -102,8 +102,8 @@ macro_rules! common_setters {
             label(label: &str) => common.label = label.into();
 
             /// What to do with a request without a key (default
-            /// [`MissingKey::Shared`](crate::key::MissingKey::Shared): keyless requests
-            /// share one key's state).
+            /// [`MissingKey::Reject`](crate::key::MissingKey::Reject) with `400`: see
+            /// [`MissingKey`](crate::key::MissingKey)).
             on_missing_key(missing: crate::options::MissingKey) => common.missing;
 
             /// What to do when a shared store fails (default

@@ -11,24 +11,46 @@ use http::StatusCode;
 
 use crate::error::ConfigError;
 
-/// What to do with a request from which no key can be extracted. Never silently unlimited
-/// unless you choose [`MissingKey::Allow`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What to do with a request from which no key can be extracted: a missing header, a body
+/// without the field the login recipe reads, a server started without the connection
+/// address. Never silently shared or unlimited unless you choose so.
+///
+/// The default refuses such a request with `400 Bad Request` (and a problem body; a gRPC
+/// request gets `INVALID_ARGUMENT`): a request the limiter cannot tell apart from the
+/// others is answered at once, visibly, instead of being limited together with every
+/// other such request (one client exhausting the bucket for all of them) or let through
+/// unlimited (a way around the limit). When the extractor knows the key is missing
+/// because the server is not set up for it (no connection address, no matched route), the
+/// layer also logs a warning once saying what is missing.
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate::key::MissingKey;
+///
+/// assert_eq!(MissingKey::default(), MissingKey::Reject(StatusCode::BAD_REQUEST));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// All keyless requests share one bucket of the same limit (the default): a missing
-    /// `x-api-key` is limited like one anonymous client; a server started without
-    /// `ConnectInfo` is limited as a whole, which shows at once instead of passing silently.
-    #[default]
+    /// All keyless requests share one bucket of the same limit: a missing `x-api-key` is
+    /// limited like one anonymous client. Choose it only where every keyless request may
+    /// count against one budget: one client without a key exhausts it for all the others.
     Shared,
-    /// Refuse keyless requests: with this status (e.g. `400`) and a problem body on HTTP,
-    /// with a [`RateLimited`](crate::generic::RateLimited) error on the generic layer
-    /// (`is_key_missing()`). A `401` must
-    /// carry `WWW-Authenticate` (RFC 9110): add it in your auth layer, which knows the
-    /// scheme (see the `authenticated_user` example).
+    /// Refuse keyless requests (the default, with `400`): with this status and a problem
+    /// body on HTTP, with a [`RateLimited`](crate::generic::RateLimited) error on the
+    /// generic layer (`is_key_missing()`). A `401` must carry `WWW-Authenticate` (RFC
+    /// 9110): add it in your auth layer, which knows the scheme (see the
+    /// `authenticated_user` example).
     Reject(StatusCode),
     /// Let keyless requests through unlimited.
     Allow,
+}
+
+impl Default for MissingKey {
+    /// `Reject(400)`: see the [type's docs](MissingKey).
+    fn default() -> Self {
+        MissingKey::Reject(StatusCode::BAD_REQUEST)
+    }
 }
 
 /// What to do when the store fails (a custom store returned an error). The Redis store

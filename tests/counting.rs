@@ -1,9 +1,9 @@
 //! Counting what matters, through the public API: exemptions and deny lists, counting only
-//! the responses that match (failed logins, keyed by a JSON body's field), costs settled
+//! the responses that match (failed logins, keyed by a body's field, JSON or form), costs settled
 //! from responses, resets, and queues bounded by their longest wait. On the memory store
 //! here, on a real Redis at the end.
 
-#![cfg(feature = "json")] // the login routes read the user from a JSON body; addresses need `axum`
+#![cfg(feature = "json")] // the login routes read the user from the body; addresses need `axum`
 
 use std::{
     net::SocketAddr,
@@ -25,7 +25,7 @@ use tollgate::generic;
 use tollgate::generic::RateLimited;
 use tollgate::key::MissingKey;
 use tollgate::key::{
-    key_fn, ClientIp, HeaderBytes, HeaderKey, JsonField, JsonFieldKey, JsonFieldLayer, PeerIp,
+    key_fn, BodyField, BodyFieldKey, BodyFieldLayer, ClientIp, HeaderBytes, HeaderKey, PeerIp,
 };
 use tollgate::store::{MemoryStore, Store};
 use tollgate::ConfigError;
@@ -291,8 +291,8 @@ async fn the_generic_layer_refuses_keyless_requests_with_a_typed_error() {
 
 /// `POST /login` as the demo has it: the password `correct horse` answers 200, any other
 /// 401; failures limited to 5 per 15 minutes per user; the handler's entries counted.
-fn login_app<St: Store<Option<JsonField>>>(
-    layer: RateLimitLayer<JsonFieldKey, St>,
+fn login_app<St: Store<Option<BodyField>>>(
+    layer: RateLimitLayer<BodyFieldKey, St>,
 ) -> (Router, Arc<AtomicUsize>) {
     let entered = Arc::new(AtomicUsize::new(0));
     let seen = entered.clone();
@@ -302,8 +302,7 @@ fn login_app<St: Store<Option<JsonField>>>(
             seen.fetch_add(1, Ordering::SeqCst);
             // Long enough that concurrent attempts overlap.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            if v["password"] == "correct horse" {
+            if password(&body) == "correct horse" {
                 StatusCode::OK
             } else {
                 StatusCode::UNAUTHORIZED
@@ -315,16 +314,16 @@ fn login_app<St: Store<Option<JsonField>>>(
         "/login",
         post(login).layer(
             tower::ServiceBuilder::new()
-                .layer(JsonFieldLayer::new("user"))
+                .layer(BodyFieldLayer::new("user"))
                 .layer(layer),
         ),
     );
     (app, entered)
 }
 
-fn failed_logins() -> tollgate::ratelimit::Builder<JsonFieldKey, tollgate::cost::UnitCost> {
+fn failed_logins() -> tollgate::ratelimit::Builder<BodyFieldKey, tollgate::cost::UnitCost> {
     RateLimitLayer::builder()
-        .key(JsonField::key())
+        .key(BodyField::key())
         .policy("5/15min")
         .count_when(|res| res.status() == StatusCode::UNAUTHORIZED)
 }
@@ -447,7 +446,7 @@ async fn the_failure_that_takes_the_last_unit_bans_for_the_ban_period() {
     );
     // A ban needs counted responses, and limits that can hold it.
     let err = RateLimitLayer::builder()
-        .key(JsonField::key())
+        .key(BodyField::key())
         .policy("5/15min")
         .ban(Duration::from_secs(60))
         .build()
@@ -655,7 +654,7 @@ mod redis {
             .unwrap();
         let layer = failed_logins().build_with(store).unwrap();
         let (app, entered) = login_app(layer.clone());
-        let carol = Some(JsonField::from("carol"));
+        let carol = Some(BodyField::from("carol"));
         for _ in 0..10 {
             assert_eq!(
                 send(&app, login("carol", "correct horse")).await.status,
@@ -690,7 +689,7 @@ mod redis {
             StatusCode::TOO_MANY_REQUESTS
         );
         // An admin unbans carol.
-        layer.reset(JsonField::from("carol")).await.unwrap();
+        layer.reset(BodyField::from("carol")).await.unwrap();
         assert_eq!(
             send(&app, login("carol", "correct horse")).await.status,
             StatusCode::OK
@@ -724,7 +723,7 @@ mod redis {
             );
         }
         // The ban is sent in the background once the fifth failure's response is known.
-        let erin = Some(JsonField::from("erin"));
+        let erin = Some(BodyField::from("erin"));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             let d = apps[0].1.store().peek(&erin, 1).await.unwrap();
@@ -744,4 +743,85 @@ mod redis {
             assert!((7190..=7200).contains(&secs), "{secs}");
         }
     }
+}
+
+fn login_form(user: &str, password: &str) -> Request<Body> {
+    Request::post("/login")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from(format!("user={user}&password={password}")))
+        .unwrap()
+}
+
+/// Regression: the login recipe read the user from JSON bodies only, and a request without
+/// a key shared one bucket with every other such request: seven users posting forms with
+/// wrong passwords got `401` five times between them, then `429` for everyone.
+#[tokio::test(start_paused = true)]
+async fn seven_users_posting_forms_each_get_their_own_five_failures() {
+    let (app, entered) = login_app(failed_logins().build().unwrap());
+    let users = ["ann", "ben", "cat", "dan", "eve", "fay", "gus"];
+    for round in 0..6 {
+        for user in users {
+            let want = if round < 5 {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            let got = send(&app, login_form(user, "guess")).await.status;
+            assert_eq!(got, want, "{user}, try {}", round + 1);
+        }
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), 35);
+    // A form and a JSON body name the same user's bucket.
+    assert_eq!(
+        send(&app, login("ann", "correct horse")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, login_form("hal", "correct+horse")).await.status,
+        StatusCode::OK
+    );
+}
+
+/// Regression: by default a request without a key shared one bucket with every other
+/// keyless request (`MissingKey::Shared`); it is now refused with `400` and a problem body
+/// before the handler runs, whatever the body's type.
+#[tokio::test(start_paused = true)]
+async fn a_login_without_the_user_field_is_refused_with_400_by_default() {
+    let (app, entered) = login_app(failed_logins().build().unwrap());
+    let bodies = [
+        ("application/json", r#"{"name":"ann","password":"guess"}"#),
+        (
+            "application/x-www-form-urlencoded",
+            "name=ann&password=guess",
+        ),
+        (
+            "application/x-www-form-urlencoded",
+            "user=ann&user=ben&password=guess",
+        ),
+        ("multipart/form-data; boundary=x", "--x--"),
+        ("text/plain", "ann"),
+    ];
+    for _ in 0..7 {
+        for (content_type, body) in bodies {
+            let req = Request::post("/login")
+                .header("content-type", content_type)
+                .body(Body::from(body))
+                .unwrap();
+            let got = send(&app, req).await;
+            assert_eq!(got.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(got.header("content-type"), Some("application/problem+json"));
+        }
+    }
+    assert_eq!(entered.load(Ordering::SeqCst), 0);
+}
+
+/// The password of a login body: a JSON object's `password`, or a form's.
+fn password(body: &str) -> String {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(body) {
+        return v["password"].as_str().unwrap_or_default().to_owned();
+    }
+    body.split('&')
+        .find_map(|p| p.strip_prefix("password="))
+        .unwrap_or_default()
+        .replace('+', " ")
 }

@@ -340,9 +340,15 @@ async fn handlers_read_the_decision_from_extensions() {
 #[tokio::test]
 async fn missing_key_policies() {
     use tollgate::key::HeaderKey;
+    let default = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-api-key").unwrap())
+        .token_bucket(Quota::per_minute(1).unwrap())
+        .build()
+        .unwrap();
     let shared = RateLimitLayer::builder()
         .key(HeaderKey::new("x-api-key").unwrap())
         .token_bucket(Quota::per_minute(1).unwrap())
+        .on_missing_key(MissingKey::Shared)
         .build()
         .unwrap();
     let reject = RateLimitLayer::builder()
@@ -358,13 +364,30 @@ async fn missing_key_policies() {
         .build()
         .unwrap();
     let app = Router::new()
+        .route("/default", get(|| async { "" }).layer(default))
         .route("/shared", get(|| async { "" }).layer(shared))
         .route("/reject", get(|| async { "" }).layer(reject))
         .route("/allow", get(|| async { "" }).layer(allow));
     let addr = serve(app).await;
     let c = client();
     let s = |p: &str| format!("http://{addr}{p}");
-    // Default: keyless requests share one bucket (never silently unlimited).
+    // Default: keyless requests are refused with 400 (never silently shared or unlimited).
+    for _ in 0..3 {
+        let refused = fetch(&c, &s("/default"), &[]).await;
+        assert_eq!(refused.status, 400);
+        assert!(
+            refused.body.contains("No rate-limit key"),
+            "{}",
+            refused.body
+        );
+    }
+    assert_eq!(
+        fetch(&c, &s("/default"), &[("x-api-key", "k1")])
+            .await
+            .status,
+        200
+    );
+    // Shared: keyless requests share one bucket.
     assert_eq!(fetch(&c, &s("/shared"), &[]).await.status, 200);
     assert_eq!(fetch(&c, &s("/shared"), &[]).await.status, 429);
     assert_eq!(
@@ -469,7 +492,8 @@ async fn stacked_layers_each_add_their_fields() {
 }
 
 /// Regression: a server started without `into_make_service_with_connect_info` put every
-/// client into one bucket without a word. The layer now warns, once.
+/// client into one bucket without a word. The layer now warns, once (and, by default,
+/// refuses the keyless requests with `400`).
 #[tokio::test]
 async fn a_missing_connection_address_is_warned_once_per_layer() {
     use tower::ServiceExt;
@@ -483,7 +507,7 @@ async fn a_missing_connection_address_is_warned_once_per_layer() {
         .layer(layer);
     for _ in 0..3 {
         let req = http::Request::new(axum::body::Body::empty());
-        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 200);
+        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 400);
     }
     let warnings = events.at("WARN");
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -508,7 +532,8 @@ async fn a_missing_connection_address_is_warned_once_per_layer() {
 
 /// Regression: `BearerClaim` keyed by a claim of a token it did not verify, so a client
 /// could mint a new identity per request and get a fresh bucket each time. Forged tokens
-/// now give no key: they share the keyless bucket.
+/// now give no key: refused by default, or sharing the keyless bucket under
+/// `MissingKey::Shared`, never a bucket each.
 #[cfg(feature = "jwt-rust-crypto")]
 #[tokio::test]
 async fn forged_tokens_do_not_get_buckets_of_their_own() {
@@ -517,6 +542,7 @@ async fn forged_tokens_do_not_get_buckets_of_their_own() {
     let layer = RateLimitLayer::builder()
         .key(BearerClaim::hs256("sub", secret).unwrap())
         .token_bucket(Quota::per_minute(5).unwrap())
+        .on_missing_key(tollgate::key::MissingKey::Shared)
         .build()
         .unwrap();
     let (c, url) = hello(layer).await;

@@ -403,8 +403,22 @@ async fn requests_without_a_key_follow_missing_key() {
             .layer(layer)
             .service_fn(|_: Req| async { Ok::<_, Infallible>(Response::new(Body::from("x"))) })
     };
-    // Shared (default): keyless requests share one set of slots, apart from keyed ones.
-    let svc = hold(InFlightLimitLayer::new(key(), 1));
+    // By default: refused with 400 and a problem body, nothing held.
+    let layer = InFlightLimitLayer::new(key(), 1);
+    let svc = hold(layer.clone());
+    for _ in 0..3 {
+        let r = svc.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(header(&r, "content-type"), ["application/problem+json"]);
+    }
+    assert!(layer.store().is_empty());
+    // Shared: keyless requests share one set of slots, apart from keyed ones.
+    let svc = hold(
+        InFlightLimitLayer::builder(key(), 1)
+            .on_missing_key(MissingKey::Shared)
+            .build()
+            .unwrap(),
+    );
     let a = svc.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(a.status(), StatusCode::OK);
     let b = svc.clone().oneshot(request("/")).await.unwrap();

@@ -314,3 +314,44 @@ async fn decisions_are_counted_by_matched_route_when_asked() {
         "{plain_lines:#?}"
     );
 }
+
+/// The observability guide: counted by route, a layer keeps 256 routes apart and counts the
+/// others as `other` (a bounded set of series, whatever the router holds).
+#[tokio::test]
+async fn routes_past_256_are_counted_as_other() {
+    let rec = recorder();
+    let _in_force = metrics::set_default_local_recorder(&rec);
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .policy("1000/s")
+        .label("many")
+        .route_metrics(true)
+        .build()
+        .unwrap();
+    let app = (0..300)
+        .fold(Router::new(), |r, i| {
+            r.route(&format!("/r{i}"), get(|| async { "ok" }))
+        })
+        .layer(layer);
+    for i in 0..300 {
+        assert_eq!(send(&app, &format!("/r{i}")).await, StatusCode::OK);
+    }
+    let text = rec.handle().render();
+    let routes: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.contains("tollgate_limiter=\"many\"") && l.contains("admitted"))
+        .filter_map(|l| l.split("tollgate_route=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(routes.len(), 257, "{routes:?}");
+    assert!(routes.contains("/r0") && routes.contains("/r255"));
+    assert!(!routes.contains("/r256"));
+    let other = [
+        "tollgate_limiter=\"many\"",
+        "tollgate_route=\"other\"",
+        "tollgate_result=\"admitted\"",
+    ];
+    assert_eq!(
+        sample(&text, "tollgate_rate_limit_requests_total", &other),
+        44.0
+    );
+}

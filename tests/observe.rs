@@ -268,6 +268,11 @@ mod recorded {
     pub(crate) struct Snap(Vec<(String, Labels, DebugValue)>);
 
     impl Snap {
+        /// Every series: its name and attributes.
+        pub(crate) fn series(&self) -> impl Iterator<Item = (&str, &Labels)> {
+            self.0.iter().map(|(n, l, _)| (n.as_str(), l))
+        }
+
         /// The one series of `name` with exactly these attributes.
         fn find(&self, name: &str, pairs: &[(&str, &str)]) -> &DebugValue {
             let want = labels(pairs);
@@ -396,6 +401,68 @@ fn degraded_of(
         )
     })
     .collect()
+}
+
+/// The policy guide: a swap of a layer's policies is logged at `INFO`, with the layer's
+/// label; a swap refused is not logged as one.
+#[tokio::test]
+async fn a_policy_swap_is_logged_at_info() {
+    let (events, _guard) = Events::capture();
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .policy("1/s")
+        .label("plans-layer")
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle();
+    assert!(handle.swap_text("2/fortnight").is_err());
+    assert_eq!(tollgate_at(&events, "INFO"), Vec::<String>::new());
+    handle.swap_text("2/s").unwrap();
+    let info = tollgate_at(&events, "INFO");
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert!(info[0].contains("policies swapped"), "{info:?}");
+    assert!(info[0].contains("plans-layer"), "{info:?}");
+}
+
+/// A set of more than 64 policies (a policy per tenant) registers a policy's series at its
+/// first decision, the fallback's when the set is installed: the recorder does not hold
+/// seven series for every tenant up front. A set of up to 64 registers all at once (the
+/// test above).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn a_large_set_registers_a_policys_series_at_its_first_decision() {
+    let rec = Recorder::new();
+    let _in_force = rec.in_force();
+    let text: String = (0..100).map(|i| format!("t{i} = 10/min\n")).collect();
+    let layer = RateLimitLayer::builder()
+        .key(HeaderKey::new("x-key").unwrap())
+        .policies(tollgate::policy::PolicySet::from_text(&text).unwrap())
+        .select(|_: &RequestHead<'_>, key: Option<&HeaderBytes>| {
+            key.map(|k| String::from_utf8_lossy(k).into_owned())
+                .unwrap_or_default()
+        })
+        .label("tenants")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(layer);
+    let policies = |snap: &recorded::Snap| {
+        snap.counters(REQUESTS, &[("tollgate.limiter", "tenants")])
+            .keys()
+            .map(|l| l["tollgate.policy"].clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(policies(&rec.snapshot()), ["t0".to_owned()].into());
+    assert_eq!(send(&app, "/items/1", Some("t42")).await, StatusCode::OK);
+    let snap = rec.snapshot();
+    assert_eq!(policies(&snap), ["t0".to_owned(), "t42".to_owned()].into());
+    let t42 = [
+        ("tollgate.limiter", "tenants"),
+        ("tollgate.policy", "t42"),
+        ("tollgate.result", "admitted"),
+    ];
+    assert_eq!(snap.counter(REQUESTS, &t42), 1);
 }
 
 #[cfg(feature = "metrics")]
@@ -1141,4 +1208,161 @@ async fn refusals_for_a_deadline_are_info_events_of_their_own_outcome() {
         "{}",
         info[1]
     );
+}
+
+/// The metrics and attribute values the observability guide lists, row by row: a metric's
+/// name, the attributes named in its row (`tollgate.result`), the values listed (`admitted`),
+/// and whether the row is for network stores only.
+#[cfg(feature = "metrics")]
+fn guide_rows() -> Vec<(String, Vec<String>, Vec<String>, bool)> {
+    let guide = include_str!("../src/docs/observability.md");
+    guide
+        .lines()
+        .filter(|l| l.starts_with("| `tollgate."))
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').collect();
+            let ticked = |cell: &str| -> Vec<String> {
+                cell.split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_owned)
+                    .collect()
+            };
+            let name = ticked(cells[1]).remove(0);
+            let words = ticked(cells[3]);
+            let attributes = words
+                .iter()
+                .filter(|w| w.contains('.') && !w.starts_with('.'))
+                .cloned()
+                .collect();
+            let values = words
+                .iter()
+                .filter(|w| w.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+                .cloned()
+                .collect();
+            (
+                name,
+                attributes,
+                values,
+                cells[2].contains("network stores"),
+            )
+        })
+        .collect()
+}
+
+/// The attributes whose values are a fixed list (the others are labels and names).
+#[cfg(feature = "metrics")]
+const LISTED: [&str; 5] = [
+    "tollgate.result",
+    "tollgate.source",
+    "tollgate.outcome",
+    "tollgate.state",
+    "error.type",
+];
+
+/// Regression: the observability guide omitted the `deadline` result the rate-limit and
+/// in-flight layers count, and the listener's series. Every series the layers, the memory
+/// store and the listener register (each result included, the first-use ones made to
+/// happen) is in the guide with its attributes and values; every metric of the guide is
+/// registered (but the network stores', which need a server), with every value listed
+/// (but those only a Redis store makes).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_guide_lists_the_metrics_and_values_the_code_registers() {
+    use tollgate::InFlightLimitLayer;
+    let rec = Recorder::new();
+    let _in_force = rec.in_force();
+    // Every rate-limit result: a queue (delayed, deadline), a refusal, a limit in shadow,
+    // counted by route; screened requests; and a store failing open and closed.
+    let limit = RateLimitLayer::builder()
+        .key(Global::new())
+        .policy("queue: queue 1/s 2, watched: 1/min shadow")
+        .route_metrics(true)
+        .allow_keys([()])
+        .build()
+        .unwrap();
+    let queued = RateLimitLayer::builder()
+        .key(Global::new())
+        .policy("queue 1/s 2")
+        .label("queued")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/items/{id}", get(|| async { "ok" }))
+        .layer(queued);
+    assert_eq!(send(&app, "/items/1", None).await, StatusCode::OK);
+    let late = Request::get("/items/1")
+        .header("x-envoy-expected-rq-timeout-ms", "1")
+        .body(Body::empty())
+        .unwrap();
+    let late = app.clone().oneshot(late).await.unwrap();
+    assert_eq!(late.status(), StatusCode::TOO_MANY_REQUESTS);
+    for on_error in [OnStoreError::FailOpen, OnStoreError::FailClosed] {
+        let failing = RateLimitLayer::builder()
+            .key(Global::new())
+            .on_store_error(on_error)
+            .build_with(support::FailingStore)
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(failing);
+        send(&app, "/", None).await;
+    }
+    let in_flight = InFlightLimitLayer::new(Global::new(), 1);
+    let ten = tollgate::Quota::per_second(10).unwrap();
+    let fair = tollgate::FairLimitLayer::builder(Global::new(), ten)
+        .share(tollgate::fair::Share::new(ten, ten).unwrap())
+        .build()
+        .unwrap();
+    #[cfg(feature = "listener")]
+    let listener = tollgate::listener::ConnectionLimits::new()
+        .build(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
+        .unwrap();
+    let snap = rec.snapshot();
+    drop((limit, in_flight, fair));
+    #[cfg(feature = "listener")]
+    drop(listener);
+
+    let rows = guide_rows();
+    let row = |name: &str| rows.iter().find(|r| r.0 == name);
+    let mut registered: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        Default::default();
+    for (name, labels) in snap.series() {
+        let (_, attributes, values, _) =
+            row(name).unwrap_or_else(|| panic!("{name} is not in the guide"));
+        let seen = registered.entry(name).or_default();
+        for (key, value) in labels {
+            assert!(
+                attributes.contains(key),
+                "{name}: attribute {key} is not in the guide ({attributes:?})"
+            );
+            if LISTED.contains(&key.as_str()) {
+                assert!(
+                    values.contains(value),
+                    "{name}: {key} = {value:?} is not in the guide ({values:?})"
+                );
+                seen.insert(value);
+            }
+        }
+    }
+    // Only a Redis store decides from a negative cache or falls back to a local share.
+    let redis_only = ["negative_cache", "fallback"];
+    for (name, _, values, network) in &rows {
+        if *network {
+            continue;
+        }
+        #[cfg(not(feature = "listener"))]
+        if name.starts_with("tollgate.connections") {
+            continue;
+        }
+        let seen = registered
+            .get(name.as_str())
+            .unwrap_or_else(|| panic!("{name} is in the guide but never registered"));
+        for v in values {
+            assert!(
+                seen.contains(v.as_str()) || redis_only.contains(&v.as_str()),
+                "{name}: {v:?} is in the guide but never registered ({seen:?})"
+            );
+        }
+    }
 }

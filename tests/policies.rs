@@ -773,3 +773,207 @@ async fn with_the_fields_off_an_admitted_response_carries_only_what_the_hook_add
         ]
     );
 }
+
+/// The policy file watcher, on real files: a new version replaced by a rename is installed,
+/// keys keeping their state; a version that does not parse, a directory, a FIFO, a file
+/// too large are reported (callback, status) and the set in force stays; a fixed file is
+/// installed again. Each step waits for the watcher's report, at most 10 s.
+mod watched_file {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use tokio::sync::mpsc;
+    use tollgate::policy::{PolicyHandle, PolicyWatch, WatchError};
+
+    /// A temporary directory removed when the test ends, however it ends.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("tollgate-watch-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Writes `text` beside `path`, then renames it over `path`, as editors and config
+    /// tools replace a file.
+    fn replace(path: &Path, text: impl AsRef<[u8]>) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    /// A layer keyed by `x-api-key` whose set starts as `text`, and its app.
+    fn limited(text: &str) -> (Router, PolicyHandle) {
+        let layer = RateLimitLayer::builder()
+            .key(HeaderKey::new("x-api-key").unwrap())
+            .policies(PolicySet::from_text(text).unwrap())
+            .build_with(store_on(&frozen()))
+            .unwrap();
+        let handle = layer.policy_handle();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        (app, handle)
+    }
+
+    /// What the watcher reported: the installed set's text, or the error.
+    type Report = Result<String, WatchError>;
+
+    fn start(handle: &PolicyHandle, path: &Path) -> (PolicyWatch, mpsc::UnboundedReceiver<Report>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watch = handle
+            .watch_file(path)
+            .interval(Duration::from_millis(20))
+            .max_bytes(4096)
+            .on_reload(move |r| {
+                let _ = tx.send(r.map(|set| set.to_string()).map_err(Clone::clone));
+            })
+            .start()
+            .unwrap();
+        (watch, rx)
+    }
+
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Report>) -> Report {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the watcher reported within 10 s")
+            .expect("the watcher runs")
+    }
+
+    /// The next report but that the file is missing (as it is, briefly, while one thing at
+    /// the path is replaced by another).
+    async fn next_there(rx: &mut mpsc::UnboundedReceiver<Report>) -> Report {
+        loop {
+            match next(rx).await {
+                Err(WatchError::Io {
+                    kind: std::io::ErrorKind::NotFound,
+                    ..
+                }) => {}
+                r => return r,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_version_is_installed_and_a_bad_one_reported_the_set_in_force_staying() {
+        let dir = TempDir::new("versions");
+        let path = dir.0.join("policies.txt");
+        std::fs::write(&path, "free = 5/min\n").unwrap();
+        let (app, handle) = limited("free = 5/min");
+        let (watch, mut rx) = start(&handle, &path);
+        assert_eq!(admitted(&app, "k", 3).await, 3);
+
+        // A new version, renamed over the old: installed; the key keeps its 3 spent.
+        replace(&path, "free = 10/min\n");
+        assert_eq!(next(&mut rx).await, Ok("free = 10/min\n".into()));
+        assert_eq!(
+            handle.current(),
+            PolicySet::from_text("free = 10/min").unwrap()
+        );
+        assert_eq!(admitted(&app, "k", 10).await, 7);
+
+        // A typo: reported with its line, the set in force stays.
+        replace(&path, "free = 10/min\npro = 100/mni\n");
+        let Err(WatchError::Refused { error, .. }) = next(&mut rx).await else {
+            panic!("not refused");
+        };
+        assert!(error.to_string().starts_with("line 2"), "{error}");
+        assert_eq!(
+            handle.current(),
+            PolicySet::from_text("free = 10/min").unwrap()
+        );
+        let status = watch.status();
+        assert_eq!((status.applied, status.failed), (1, 1));
+        assert!(status.error.is_some());
+
+        // Fixed: installed, the error cleared. A file of one policy needs no name.
+        replace(&path, "20/min\n");
+        assert_eq!(next(&mut rx).await, Ok("20/min".into()));
+        let status = watch.status();
+        assert_eq!((status.applied, status.failed, status.error), (2, 1, None));
+
+        // Not UTF-8, then larger than the watcher reads: both reported, nothing read.
+        replace(&path, b"free = 30/min\n\xff");
+        assert!(matches!(
+            next(&mut rx).await,
+            Err(WatchError::NotUtf8 { byte: 15, .. })
+        ));
+        replace(&path, format!("# {}\n", "x".repeat(5000)));
+        assert!(matches!(
+            next(&mut rx).await,
+            Err(WatchError::TooLarge { max: 4096, .. })
+        ));
+        assert_eq!(handle.current(), PolicySet::from_text("20/min").unwrap());
+        watch.stop();
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_directory_or_a_fifo_at_the_path_does_not_stall_the_watcher() {
+        let dir = TempDir::new("fifo");
+        let path = dir.0.join("policies.txt");
+        std::fs::write(&path, "free = 5/min\n").unwrap();
+        let (_, handle) = limited("free = 5/min");
+        let (_watch, mut rx) = start(&handle, &path);
+
+        std::fs::remove_file(&path).unwrap();
+        let Err(WatchError::Io { kind, .. }) = next(&mut rx).await else {
+            panic!("a missing file not reported");
+        };
+        assert_eq!(kind, std::io::ErrorKind::NotFound);
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(
+            next(&mut rx).await,
+            Err(WatchError::NotAFile {
+                what: "a directory",
+                ..
+            })
+        ));
+        std::fs::remove_dir(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        assert!(matches!(
+            next_there(&mut rx).await,
+            Err(WatchError::NotAFile { what: "a FIFO", .. })
+        ));
+        // Not stalled: a regular file put back is installed.
+        std::fs::remove_file(&path).unwrap();
+        replace(&path, "free = 7/min\n");
+        assert_eq!(next_there(&mut rx).await, Ok("free = 7/min\n".into()));
+    }
+
+    /// A watcher ends with its layer: it holds no reference that keeps the layer alive.
+    #[tokio::test]
+    async fn the_watcher_ends_when_its_layer_is_dropped() {
+        let dir = TempDir::new("dropped");
+        let path = dir.0.join("policies.txt");
+        std::fs::write(&path, "free = 5/min\n").unwrap();
+        let (app, handle) = limited("free = 5/min");
+        let (watch, _rx) = start(&handle, &path);
+        assert!(watch.is_running());
+        drop((app, handle));
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while watch.is_running() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the watcher ended within 10 s");
+    }
+
+    #[test]
+    fn a_watcher_needs_a_runtime() {
+        let (_, handle) = limited("free = 5/min");
+        let err = handle.watch_file("policies.txt").start().unwrap_err();
+        assert_eq!(err, WatchError::NoRuntime);
+    }
+}

@@ -164,3 +164,150 @@ fn a_set_lacking_a_selector_name_is_refused_in_a_short_message() {
          (it has p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, ...)"
     );
 }
+
+/// Regression: a file of one policy had to name it (`default = 100/s burst 200`); a text of
+/// one line without `name =` is now that policy alone, as `PolicySet::single` makes, and a
+/// layer's handle swaps to it.
+#[test]
+fn a_file_of_one_policy_needs_no_name() {
+    let set = PolicySet::from_text("# the API's limit\n\n100/s burst 200 # per key\n").unwrap();
+    assert_eq!(
+        set,
+        PolicySet::single("100/s burst 200".parse::<Policy>().unwrap())
+    );
+    assert_eq!(set.names().count(), 0);
+    let layer = RateLimitLayer::new(
+        HeaderKey::new("x-api-key").unwrap(),
+        "1/s".parse::<Policy>().unwrap(),
+    );
+    layer.policy_handle().swap_text("minute: 10/min").unwrap();
+    assert_eq!(layer.policies().fallback().limits()[0].name(), "minute");
+    // Named, it is a set of one named policy, as before.
+    let named = PolicySet::from_text("default = 100/s").unwrap();
+    assert_eq!(named.names().collect::<Vec<_>>(), ["default"]);
+    // Two policies need their names; an error names the line.
+    let err = PolicySet::from_text("100/s\n200/s")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("line 1") && err.contains("name = policy"),
+        "{err}"
+    );
+    let err = PolicySet::from_text("\n100/fortnight")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("line 2") && err.contains("fortnight"),
+        "{err}"
+    );
+}
+
+mod printed {
+    use super::*;
+    use proptest::prelude::*;
+    use std::time::Duration;
+    use tollgate::Limit;
+
+    /// Periods in whole units of every size the text has.
+    fn period() -> impl Strategy<Value = Duration> {
+        let unit = prop::sample::select(vec![
+            1u64,
+            1_000,
+            1_000_000,
+            1_000_000_000,
+            60_000_000_000,
+            3_600_000_000_000,
+            86_400_000_000_000,
+        ]);
+        (1u64..=120, unit, 0u64..=999).prop_map(|(n, unit, odd)| {
+            // Now and then a period that is no whole number of the larger units.
+            Duration::from_nanos(n * unit + if odd % 7 == 0 { odd } else { 0 })
+        })
+    }
+
+    /// Any limit the API builds: every algorithm and option, any printable name.
+    fn limit() -> impl Strategy<Value = Limit> {
+        (
+            (1u64..=10_000, period(), prop::option::of(1u64..=1_000)),
+            0u8..5,
+            (
+                0u32..=100,
+                0u32..=100,
+                prop::option::of(0u64..=10_000_000_000),
+            ),
+            prop::option::of(0u64..=200_000_000_000_000),
+            prop::option::of("[ -~]{1,12}"),
+            0u16..=10_000,
+        )
+            .prop_filter_map(
+                "a limit the API refuses",
+                |((n, period, burst), kind, (queue, nodelay, max_wait), offset, name, share)| {
+                    let mut quota = tollgate::Quota::new(n, period).ok()?;
+                    let mut l = match kind {
+                        0 => {
+                            if let Some(b) = burst {
+                                quota = quota.with_burst(b).ok()?;
+                            }
+                            Limit::token_bucket(quota)
+                        }
+                        1 => Limit::leaky_meter(quota),
+                        2 => Limit::leaky_queue_nodelay(quota, queue, nodelay.min(queue)),
+                        3 => Limit::fixed_window(quota),
+                        _ => Limit::sliding_window(quota),
+                    }
+                    .ok()?;
+                    if let (2, Some(w)) = (kind, max_wait) {
+                        l = l.with_max_wait(Duration::from_nanos(w)).ok()?;
+                    }
+                    if let (3 | 4, Some(o)) = (kind, offset) {
+                        l = l.with_window_offset(Duration::from_nanos(o)).ok()?;
+                    }
+                    if let Some(name) = name {
+                        l = l.named(name).ok()?;
+                    }
+                    match share {
+                        0 => Some(l.shadow()),
+                        10_000 => Some(l),
+                        n if n % 3 == 0 => l.enforce_percent(f64::from(n) / 100.0).ok(),
+                        _ => Some(l),
+                    }
+                },
+            )
+    }
+
+    fn policy() -> impl Strategy<Value = Policy> {
+        prop::collection::vec(limit(), 1..=4)
+            .prop_filter_map("too many limits", |l| Policy::from_limits(l).ok())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Any policy reads back from its text as an equal policy.
+        #[test]
+        fn a_policy_reads_back_from_its_text(p in policy()) {
+            let text = p.to_string();
+            prop_assert_eq!(text.parse::<Policy>().unwrap(), p, "{}", text);
+        }
+
+        /// Any set, named policies and common limits or one policy alone, reads back from
+        /// its text as an equal set.
+        #[test]
+        fn a_set_reads_back_from_its_text(
+            named in prop::collection::vec(("[!-~]{1,10}", prop::collection::vec(limit(), 1..=2)), 1..=4),
+            every in prop::collection::vec(limit(), 0..=2),
+            single in policy(),
+        ) {
+            let policies = named
+                .into_iter()
+                .filter_map(|(n, l)| Some((n, Policy::from_limits(l).ok()?)));
+            if let Ok(set) = PolicySet::named(policies, every) {
+                let text = set.to_string();
+                prop_assert_eq!(PolicySet::from_text(&text).unwrap(), set, "{}", text);
+            }
+            let set = PolicySet::single(single);
+            let text = set.to_string();
+            prop_assert_eq!(PolicySet::from_text(&text).unwrap(), set, "{}", text);
+        }
+    }
+}

@@ -223,7 +223,10 @@ async fn concurrent_requests_batch_per_node() {
     let sent = calls(&cluster) - before;
     eprintln!("cluster: {} requests in {sent} script calls", keys * 3);
     assert_eq!(per_key.len(), keys);
-    assert!(per_key.values().all(|&n| n == 2), "each key's burst exactly");
+    assert!(
+        per_key.values().all(|&n| n == 2),
+        "each key's burst exactly"
+    );
     assert!(
         sent < (keys * 3) as u64 / 2,
         "{sent} script calls for {} requests",

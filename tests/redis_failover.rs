@@ -19,6 +19,31 @@ use tower::ServiceExt;
 /// Scenarios share the two cores: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The process's metrics, as a Prometheus exporter renders them (a global recorder: the
+/// connections' and breakers' counts happen on the runtime's threads).
+#[cfg(feature = "metrics")]
+fn metrics() -> String {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .unwrap()
+        })
+        .render()
+}
+
+/// The sum of the samples of `name` whose labels include `label`.
+#[cfg(feature = "metrics")]
+fn counted(name: &str, label: &str) -> f64 {
+    metrics()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
 /// A limit no test here reaches: a million a second, bursts of a million.
 fn generous() -> Limit {
     let quota = Quota::per_second(1_000_000).unwrap();
@@ -41,6 +66,8 @@ async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_master_is_left_for_the_promoted_replica_within_a_second() {
     let _serial = SERIAL.lock().await;
+    #[cfg(feature = "metrics")]
+    metrics();
     let Some(primary) = RedisServer::start() else {
         return;
     };
@@ -126,6 +153,16 @@ async fn a_demoted_master_is_left_for_the_promoted_replica_within_a_second() {
     );
     // The new master holds the state: the key's value is there, written since.
     assert_ne!(replica.cli(&["DBSIZE"]).trim(), "0");
+    // Counted: the connection replaced for a `READONLY` reply.
+    #[cfg(feature = "metrics")]
+    assert!(
+        counted(
+            "tollgate_redis_reconnects_total",
+            "tollgate_reason=\"readonly\""
+        ) >= 1.0,
+        "{}",
+        metrics()
+    );
 }
 
 /// Regression: the breaker of a Redis layer behind another Redis layer never opened
@@ -135,6 +172,8 @@ async fn a_demoted_master_is_left_for_the_promoted_replica_within_a_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stacked_layers_open_their_breakers_and_answer_at_once() {
     let _serial = SERIAL.lock().await;
+    #[cfg(feature = "metrics")]
+    metrics();
     let Some(server) = RedisServer::start() else {
         return;
     };
@@ -216,6 +255,12 @@ async fn stacked_layers_open_their_breakers_and_answer_at_once() {
         waited <= probes,
         "{waited} requests waited for Redis after both breakers opened (probes: {probes})"
     );
+    #[cfg(feature = "metrics")]
+    for store in ["edge", "route"] {
+        let label = format!("tollgate_store=\"{store}\"");
+        let opened = counted("tollgate_store_breaker_openings_total", &label);
+        assert!(opened >= 1.0, "{store}: {}", metrics());
+    }
     assert!(
         sent <= 6 + probes as u64,
         "{sent} commands reached Redis (3 failures per breaker, then {probes} probes)"

@@ -185,19 +185,63 @@ async fn fails_with_fault(fault: &'static str) -> String {
 async fn a_store_that_forgets_refunds_fails() {
     let err = fails_with_fault("refund").await;
     assert!(
-        err.starts_with("a refund: it did not show within 2s"),
+        err.starts_with("conformance check `refund` failed: 4 units decided, then refunded"),
         "{err}"
     );
+    assert!(err.contains("it did not show within 2s"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_undercharges_settled_costs_fails() {
     let err = fails_with_fault("settle").await;
     assert!(err.contains("the decisions differ"), "{err}");
-    // The report names the sequence, the operations up to the failure and the policies.
-    assert!(err.starts_with("sequence "), "{err}");
-    assert!(err.contains("Settle { actual: "), "{err}");
-    assert!(err.contains("policies: ["), "{err}");
+    // The report names the check, the sequence, the operations on the key up to the
+    // failure and the policies as text.
+    assert!(
+        err.starts_with("conformance check `sequences` failed: sequence "),
+        "{err}"
+    );
+    assert!(err.contains("settle a reservation of "), "{err}");
+    assert!(err.contains("\n  policies: #0 `"), "{err}");
+}
+
+/// Regression: a failing check reported the policies and the decisions in `Debug`, about
+/// 240 lines (112 for the store below) with no hint of what differed. It now takes six: the
+/// check and the operation, the policies as text, the operations on that key, the two
+/// answers on a line each, and where they differ first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_check_is_reported_in_a_few_lines() {
+    let err = fails_with_fault("settle").await;
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 6, "{err}");
+    assert!(
+        lines[0].starts_with("conformance check `sequences` failed: sequence 0, operation #"),
+        "{err}"
+    );
+    assert!(lines[0].ends_with(": the decisions differ"), "{err}");
+    // The policies read back as they are written.
+    let policies = lines[1].strip_prefix("  policies: ").unwrap();
+    let first = policies.split('`').nth(1).unwrap();
+    assert_eq!(first.parse::<Policy>().unwrap().to_string(), first);
+    assert!(
+        lines[2].starts_with("  key 0: #0 at +121.548ms settle a reservation of 0 at 1 under #0; "),
+        "{err}"
+    );
+    // The sequences are the same on every run: the settled unit was not charged, and this
+    // store has one more left.
+    assert!(
+        lines[3].starts_with("  in memory:  admitted; #0 remaining 16, "),
+        "{err}"
+    );
+    assert!(
+        lines[4].starts_with("  this store: admitted; #0 remaining 17, "),
+        "{err}"
+    );
+    assert_eq!(
+        lines[5],
+        "  first difference: limit #0's remaining, 16 in memory, 17 in this store"
+    );
+    assert!(err.len() < 2_000, "{} bytes: {err}", err.len());
 }
 
 /// The example's store without carrying state across policies: a key's state written

@@ -331,9 +331,9 @@ impl Limit {
 
     /// Gives the limit a default name (a policy set names its policies' limits after the
     /// policy), unless one was set with [`Limit::named`].
-    pub(crate) fn named_by_default(mut self, name: &str) -> Self {
+    pub(crate) fn named_by_default(mut self, name: &Arc<str>) -> Self {
         if !self.named {
-            self.name = name.into();
+            self.name = Arc::clone(name);
         }
         self
     }
@@ -399,6 +399,11 @@ impl Limit {
     /// The name used in headers.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the name was given with [`Limit::named`] (a policy set names the others).
+    pub(crate) fn is_named(&self) -> bool {
+        self.named
     }
 
     /// Largest cost a single request can ever be admitted with.

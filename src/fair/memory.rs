@@ -4,40 +4,125 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 
-use super::share::{decide, key_is_fresh, FairDecision, KeyState, Pool, PoolState, Share};
+use super::share::{decide, key_fresh_at, FairDecision, KeyState, Pool, PoolState, Share};
 use super::store::{
     sealed::{Attach, Backend},
     FairStore,
 };
 use crate::clock::{Clock, TokioClock};
-use crate::store::StoreFuture;
+use crate::store::map::{hash_of, Geometry, KeyHasher};
+use crate::store::{Digest, SipKeys, StoreFuture};
 
-/// What one key's entry holds in memory, beside the key itself and the table's
-/// overhead, for the budget.
-const ENTRY_BYTES: usize = std::mem::size_of::<KeyState>() + 16;
 /// The default memory budget of the keys' states.
 const DEFAULT_MAX_BYTES: usize = 32 << 20;
 
 /// The in-process store of a fair-sharing pool (the default): the pool's state and each
 /// key's, under one lock (every decision reads and writes the pool, so a pool is one hot
-/// spot whatever the layout). Keys whose state is back to fresh are dropped when the table
-/// is full; past the memory budget, new keys share one state until room is made, so a
-/// flood of keys cannot grow memory. Cheap to clone: clones share the pool.
+/// spot whatever the layout). Cheap to clone: clones share the pool.
+///
+/// Memory is bounded in bytes (32 MiB by default, [`with_max_bytes`](Self::with_max_bytes)):
+/// the budget covers the table of keys' states, keys included. As in the
+/// [`MemoryStore`](crate::store::MemoryStore), a key type that owns no heap memory (an
+/// address, an integer) is kept as it is, and any other (a `String`, a header value) as a
+/// 96-bit keyed digest of it, 12 bytes whatever its length. Keys whose state is back to
+/// fresh are dropped when the table is full; past the budget, new keys share one state
+/// until room is made, so a flood of keys cannot grow memory.
 ///
 /// Layers built on one store share its pool: give them the same pool quota.
 pub struct MemoryFair<K, C = TokioClock> {
     state: Arc<Mutex<State<K>>>,
     clock: C,
-    max_keys: usize,
 }
 
 struct State<K> {
     pool: PoolState,
-    keys: HashMap<K, KeyState, foldhash::fast::RandomState>,
+    keys: Keys<K>,
     /// Keyless requests (and new keys while the table is full).
     shared: KeyState,
+}
+
+/// The keys' states: keyed by the key itself or by a digest of it, within a budget.
+enum Keys<K> {
+    Inline(Table<K>, KeyHasher),
+    Digest(Table<Digest>, SipKeys),
+}
+
+/// One table of keys' states and the sizes it may take.
+struct Table<Q> {
+    states: HashTable<(Q, KeyState)>,
+    geometry: Geometry,
+    /// No key held can be fresh before this time (0: unknown): a full table is swept for
+    /// fresh keys only from then on, so a flood of new keys does not sweep it each time.
+    sweep_at: u64,
+}
+
+impl<Q> Table<Q> {
+    /// A table within `max_bytes`, or the smallest table if that is larger.
+    fn new(max_bytes: usize) -> Self {
+        let smallest = HashTable::<(Q, KeyState)>::with_capacity(1).allocation_size();
+        Table {
+            states: HashTable::new(),
+            geometry: Geometry::for_budget::<(Q, KeyState)>(max_bytes.max(smallest)),
+            sweep_at: 0,
+        }
+    }
+}
+
+impl<Q: Eq> Table<Q> {
+    /// The state of the key `q` (of hash `hash`) at `now`, added if the budget has room
+    /// for it: after dropping the fresh keys if it has none. `None`: no room.
+    fn state(
+        &mut self,
+        q: Q,
+        hash: u64,
+        rehash: impl Fn(&Q) -> u64,
+        fresh_at: impl Fn(&KeyState) -> u64,
+        now: u64,
+    ) -> Option<&mut KeyState> {
+        let Table {
+            states,
+            geometry,
+            sweep_at,
+        } = self;
+        if states.find(hash, |e| e.0 == q).is_none() {
+            if geometry.after_insert(states).is_none() {
+                if now < *sweep_at {
+                    return None;
+                }
+                let mut next = u64::MAX;
+                states.retain(|e| {
+                    let at = fresh_at(&e.1);
+                    next = next.min(at);
+                    at > now
+                });
+                *sweep_at = next;
+                geometry.after_insert(states)?;
+            }
+            // The new key may come to be fresh before any other.
+            *sweep_at = 0;
+        }
+        let entry = states.entry(hash, |e| e.0 == q, |e| rehash(&e.0));
+        Some(&mut entry.or_insert((q, KeyState::default())).into_mut().1)
+    }
+}
+
+impl<K> Keys<K> {
+    fn new(max_bytes: usize) -> Self {
+        if std::mem::needs_drop::<K>() {
+            Keys::Digest(Table::new(max_bytes), SipKeys::random())
+        } else {
+            Keys::Inline(Table::new(max_bytes), KeyHasher::default())
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::Inline(t, _) => t.states.len(),
+            Keys::Digest(t, _) => t.states.len(),
+        }
+    }
 }
 
 impl<K, C: Clone> Clone for MemoryFair<K, C> {
@@ -45,7 +130,6 @@ impl<K, C: Clone> Clone for MemoryFair<K, C> {
         MemoryFair {
             state: Arc::clone(&self.state),
             clock: self.clock.clone(),
-            max_keys: self.max_keys,
         }
     }
 }
@@ -54,7 +138,6 @@ impl<K, C> fmt::Debug for MemoryFair<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryFair")
             .field("keys", &self.len())
-            .field("max_keys", &self.max_keys)
             .finish_non_exhaustive()
     }
 }
@@ -72,19 +155,20 @@ impl<K> MemoryFair<K> {
         MemoryFair {
             state: Arc::new(Mutex::new(State {
                 pool: PoolState::default(),
-                keys: HashMap::default(),
+                keys: Keys::new(DEFAULT_MAX_BYTES),
                 shared: KeyState::default(),
             })),
             clock: TokioClock::new(),
-            max_keys: DEFAULT_MAX_BYTES / (ENTRY_BYTES + std::mem::size_of::<K>()),
         }
     }
 }
 
 impl<K, C> MemoryFair<K, C> {
-    /// Holds at most `bytes` of key states (keys included, at their inline size).
-    pub fn with_max_bytes(mut self, bytes: usize) -> Self {
-        self.max_keys = (bytes / (ENTRY_BYTES + std::mem::size_of::<K>())).max(1);
+    /// Holds at most `bytes` of key states: the table's allocation, keys included (a key
+    /// that owns heap memory is kept as a 12-byte digest). The smallest table (three keys)
+    /// is held whatever the budget.
+    pub fn with_max_bytes(self, bytes: usize) -> Self {
+        lock(&self.state).keys = Keys::new(bytes);
         self
     }
 
@@ -94,7 +178,6 @@ impl<K, C> MemoryFair<K, C> {
         MemoryFair {
             state: self.state,
             clock,
-            max_keys: self.max_keys,
         }
     }
 
@@ -123,20 +206,30 @@ where
         // The clock is read under the lock, so decisions are made in time order.
         let now = self.clock.now();
         let s = &mut *guard;
-        let Some(key) = key else {
-            return decide(pool, share, &mut s.pool, &mut s.shared, now);
-        };
-        if let Some(k) = s.keys.get_mut(key) {
-            return decide(pool, share, &mut s.pool, k, now);
-        }
-        if s.keys.len() >= self.max_keys {
-            s.keys.retain(|_, k| !key_is_fresh(pool, k, now));
-        }
-        if s.keys.len() >= self.max_keys {
-            return decide(pool, share, &mut s.pool, &mut s.shared, now);
-        }
-        let k = s.keys.entry(key.clone()).or_default();
-        decide(pool, share, &mut s.pool, k, now)
+        let fresh_at = |k: &KeyState| key_fresh_at(pool, k);
+        let state = key.and_then(|key| match &mut s.keys {
+            Keys::Inline(t, h) => {
+                let h = &*h;
+                t.state(
+                    key.clone(),
+                    hash_of(h, key),
+                    |k| hash_of(h, k),
+                    fresh_at,
+                    now,
+                )
+            }
+            Keys::Digest(t, sip) => {
+                let d = sip.digest(key);
+                t.state(d, d.hash(), Digest::hash, fresh_at, now)
+            }
+        });
+        decide(
+            pool,
+            share,
+            &mut s.pool,
+            state.unwrap_or(&mut s.shared),
+            now,
+        )
     }
 }
 

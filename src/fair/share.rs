@@ -325,8 +325,16 @@ pub(crate) fn decide(
 
 /// Whether a key's state holds nothing the next decision needs: its times are past and
 /// it is counted in neither activity period.
+#[cfg(test)]
 pub(crate) fn key_is_fresh(pool: &Pool, k: &KeyState, now: u64) -> bool {
-    k.share_tat <= now && k.ceil_tat <= now && k.seen < now / pool.period
+    now >= key_fresh_at(pool, k)
+}
+
+/// When a key's state (left alone) comes to hold nothing the next decision needs: its
+/// times past, and counted in neither activity period.
+pub(crate) fn key_fresh_at(pool: &Pool, k: &KeyState) -> u64 {
+    let next_period = k.seen.saturating_add(1).saturating_mul(pool.period);
+    k.share_tat.max(k.ceil_tat).max(next_period)
 }
 
 #[cfg(test)]

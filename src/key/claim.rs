@@ -32,9 +32,9 @@ enum Check {
 /// any claims, so an unverified claim lets a client mint a new identity (and a fresh
 /// bucket) per request. [`BearerClaim::verified`] and [`BearerClaim::hs256`] check the
 /// signature, the algorithm, `exp` (required) and `nbf` with the well-kept
-/// [`jsonwebtoken`](https://docs.rs/jsonwebtoken) crate; a token that fails gives no key, so forged tokens all
-/// land in the layer's keyless bucket (`MissingKey::Shared`) or are refused
-/// (`MissingKey::Reject`). [`BearerClaim::unverified`] skips the check, for a layer
+/// [`jsonwebtoken`](https://docs.rs/jsonwebtoken) crate; a token that fails gives no key, so forged tokens
+/// are refused (`MissingKey::Reject`, by default with `400`) or all land in the layer's
+/// keyless bucket (`MissingKey::Shared`). [`BearerClaim::unverified`] skips the check, for a layer
 /// placed inside an auth layer that already rejected bad tokens.
 ///
 /// Prefer [`ExtensionKey`](super::ExtensionKey) when the auth layer already puts the

@@ -11,11 +11,13 @@ mod header;
 pub(crate) mod peer_ip;
 mod route;
 
+#[cfg(feature = "json")]
+mod body;
 #[cfg(feature = "jwt")]
 mod claim;
-#[cfg(feature = "json")]
-mod json;
 
+#[cfg(feature = "json")]
+pub use self::body::{BodyField, BodyFieldKey, BodyFieldLayer};
 #[cfg(feature = "jwt")]
 pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};
@@ -24,8 +26,6 @@ pub use self::extension::ExtensionKey;
 pub use self::grpc::GrpcMethod;
 pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
-#[cfg(feature = "json")]
-pub use self::json::{JsonField, JsonFieldKey, JsonFieldLayer};
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;

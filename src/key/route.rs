@@ -8,10 +8,12 @@ use super::KeyExtractor;
 /// limit per endpoint (feature `axum`).
 ///
 /// The key is the route pattern as a `String`, read from axum's
-/// [`MatchedPath`](axum::extract::MatchedPath) extension. axum inserts that extension
-/// only once a route has matched, so the rate-limit layer must run inside the router:
-/// add it with `Router::route_layer` or on a route (`get(handler).layer(..)`). Added with
-/// `Router::layer` it runs before routing and the key is `None` for every request.
+/// [`MatchedPath`](axum::extract::MatchedPath) extension, which axum inserts when a route
+/// matches. Add the layer with `Router::route_layer` (or on a route,
+/// `get(handler).layer(..)`): it limits the routes and never sees a request no route
+/// matched. Added with `Router::layer` it wraps the router's fallback too: matched routes
+/// are keyed the same, but a request no route matched has no key (refused with `400` by
+/// default instead of its `404`; see [`MissingKey`](super::MissingKey)).
 ///
 /// Combine it with a client key as a tuple, `(ClientIp, MatchedRoute)`, for a limit per
 /// client per endpoint.

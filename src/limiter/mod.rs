@@ -17,7 +17,7 @@ use std::{
     hash::Hash,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
     time::Duration,
 };
@@ -37,12 +37,59 @@ use crate::options::{KeyList, MissingKey, OnStoreError};
 use crate::policy::{check_names, choose::Chooser, handle::Install, Policy, PolicySet};
 use crate::store::Store;
 
+/// Up to this many policies, a set's policies are all prepared when it is installed (their
+/// series shown from the start); a larger set prepares its fallback then and any other
+/// policy at its first decision.
+const PREPARED_AT_ONCE: usize = 64;
+
 /// A policy set as installed: each policy with what the flavour prepared for it and its
-/// metrics.
+/// metrics, made when the set is installed for a set of up to [`PREPARED_AT_ONCE`]
+/// policies, else for the fallback then and for any other policy at its first decision,
+/// so that a large set (a policy per tenant) costs memory, and series in a metrics
+/// recorder, in proportion to its text and to the policies in use.
 pub(crate) struct Installed<P> {
     pub(crate) set: PolicySet,
-    prepared: Vec<P>,
-    metrics: Vec<PolicyMetrics>,
+    prepared: Box<[OnceLock<Box<Prepared<P>>>]>,
+}
+
+/// What a policy of an installed set needs to answer: the flavour's prepared fields and
+/// the policy's metrics.
+struct Prepared<P> {
+    fields: P,
+    metrics: PolicyMetrics,
+}
+
+impl<P> Installed<P> {
+    /// Policy `i`'s prepared fields and metrics, made now if this is its first use.
+    #[inline]
+    fn prepared<F: Prepare<Prepared = P>>(
+        &self,
+        i: usize,
+        flavour: &F,
+        observe: &Observe,
+    ) -> &Prepared<P> {
+        let slot = &self.prepared[i];
+        match slot.get() {
+            Some(p) => p,
+            None => self.prepare(i, flavour, observe),
+        }
+    }
+
+    #[cold]
+    fn prepare<F: Prepare<Prepared = P>>(
+        &self,
+        i: usize,
+        flavour: &F,
+        observe: &Observe,
+    ) -> &Prepared<P> {
+        self.prepared[i].get_or_init(|| {
+            let e = self.set.entry(i);
+            Box::new(Prepared {
+                fields: flavour.prepare(e.name.as_deref(), &e.policy),
+                metrics: observe.policy(e.name.as_deref()),
+            })
+        })
+    }
 }
 
 /// The core of a layer. See the [module docs](self).
@@ -171,18 +218,20 @@ fn prepare<F: Prepare>(
 ) -> Result<Installed<F::Prepared>, ConfigError> {
     check_names(&set, names)?;
     accept(&set)?;
-    let mut prepared = Vec::with_capacity(set.len());
-    let mut metrics = Vec::with_capacity(set.len());
-    for i in 0..set.len() {
-        let e = set.entry(i);
-        prepared.push(flavour.prepare(e.name.as_deref(), &e.policy));
-        metrics.push(observe.policy(e.name.as_deref()));
-    }
-    Ok(Installed {
+    let installed = Installed {
+        prepared: (0..set.len()).map(|_| OnceLock::new()).collect(),
         set,
-        prepared,
-        metrics,
-    })
+    };
+    // The series of a small set's policies show from the start; a large set's fallback's.
+    let at_once = if installed.set.len() <= PREPARED_AT_ONCE {
+        installed.set.len()
+    } else {
+        1
+    };
+    for i in 0..at_once {
+        installed.prepared(i, flavour, observe);
+    }
+    Ok(installed)
 }
 
 impl<X, St, C, F> Install for Limiter<X, St, C, F>
@@ -402,9 +451,12 @@ where
             self.observe
                 .decided(name, &|| self.flavour.route(req), &key, d);
         }
-        let metrics = &at.installed.metrics[at.index];
+        let prepared = at
+            .installed
+            .prepared(at.index, &self.flavour, &self.observe);
+        let metrics = &prepared.metrics;
         metrics.decided(d, || self.flavour.matched_route(req));
-        let v = at.verdict(d);
+        let v = at.verdict(d, &prepared.fields);
         match d.outcome() {
             Outcome::Allowed { wait } => {
                 let settle = self.flavour.settles().then(|| {
@@ -472,12 +524,15 @@ where
         St: Store<Option<K>>,
     {
         self.store.refund(&key, at.policy, at.cost);
-        at.installed.metrics[at.index].late(|| self.flavour.matched_route(req));
+        let prepared = at
+            .installed
+            .prepared(at.index, &self.flavour, &self.observe);
+        prepared.metrics.late(|| self.flavour.matched_route(req));
         let name = at.installed.set.entry(at.index).name.as_deref();
         let late = late_decision(d, at.policy, wait);
         self.observe
             .late(name, &|| self.flavour.route(req), &key, &late);
-        Next::Refuse(self.flavour.late(req, &at.verdict(&late)))
+        Next::Refuse(self.flavour.late(req, &at.verdict(&late, &prepared.fields)))
     }
 }
 
@@ -519,12 +574,13 @@ pub(crate) struct At<'a, P> {
 }
 
 impl<'a, P> At<'a, P> {
-    /// What the flavour is told of decision `d` for this request.
-    fn verdict(&self, d: &'a Decision) -> Verdict<'a, P> {
+    /// What the flavour is told of decision `d` for this request, with the policy's
+    /// prepared fields.
+    fn verdict(&self, d: &'a Decision, prepared: &'a P) -> Verdict<'a, P> {
         Verdict {
             decision: d,
             name: self.installed.set.entry(self.index).name.as_deref(),
-            prepared: &self.installed.prepared[self.index],
+            prepared,
             // The response reports the limits enforced for this key.
             shadow_mask: self.policy.shadow_mask(),
         }

@@ -323,3 +323,22 @@ impl KeylessWarning {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Throttle;
+
+    /// An outage's breaker opening again at every failed probe (twice a second) logs one
+    /// line per 10 s, each saying how many it stands for.
+    #[test]
+    fn a_throttle_logs_once_per_interval_and_counts_the_rest() {
+        let t = Throttle::default();
+        let mut logged = Vec::new();
+        for ms in (1..=25_000).step_by(500) {
+            if let Some(left_out) = t.first(ms) {
+                logged.push((ms, left_out));
+            }
+        }
+        assert_eq!(logged, [(1, 0), (10_001, 19), (20_001, 19)]);
+    }
+}

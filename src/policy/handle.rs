@@ -32,7 +32,7 @@ pub(crate) trait Install: Send + Sync {
 /// ```
 #[derive(Clone)]
 pub struct PolicyHandle {
-    inner: Arc<dyn Install>,
+    pub(super) inner: Arc<dyn Install>,
 }
 
 impl PolicyHandle {

@@ -3,11 +3,13 @@
 pub(crate) mod choose;
 pub(crate) mod handle;
 mod limits;
+mod print;
 mod quote;
 #[cfg(feature = "serde")]
 mod serde;
 mod set;
 mod text;
+mod watch;
 
 pub use self::handle::PolicyHandle;
 #[cfg(feature = "redis")]
@@ -15,6 +17,7 @@ pub(crate) use self::limits::Combine;
 pub use self::limits::{IntoPolicy, Policy};
 pub(crate) use self::set::check_names;
 pub use self::set::{PolicyName, PolicySet};
+pub use self::watch::{PolicyWatch, PolicyWatcher, WatchError, WatchStatus};
 
 #[cfg(test)]
 mod tests {

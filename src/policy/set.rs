@@ -133,8 +133,8 @@ impl PolicySet {
         policies: impl Iterator<Item = (String, Policy, Option<usize>)>,
         every: Vec<Limit>,
     ) -> Result<Self, ConfigError> {
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut by_name = HashMap::new();
+        let mut entries: Vec<Entry> = Vec::with_capacity(policies.size_hint().0);
+        let mut by_name = HashMap::with_capacity(policies.size_hint().0);
         for (name, policy, line) in policies {
             let at = |error: ConfigError| match line {
                 Some(line) => ConfigError::Line {
@@ -158,10 +158,11 @@ impl PolicySet {
                 .iter()
                 .cloned()
                 .chain(own.iter().enumerate().map(|(i, l)| {
+                    // One limit takes the policy's name itself (shared, not copied).
                     let default = if several {
-                        format!("{name}-{}", i + 1)
+                        format!("{name}-{}", i + 1).into()
                     } else {
-                        name.to_string()
+                        Arc::clone(&name)
                     };
                     l.clone().named_by_default(&default)
                 }));

@@ -24,6 +24,8 @@ fn bad(part: &str, reason: impl Into<String>) -> ConfigError {
 fn unit(text: &str) -> Option<u64> {
     const S: u64 = 1_000_000_000;
     Some(match text {
+        "ns" | "nsec" | "nanosecond" | "nanoseconds" => 1,
+        "us" | "usec" | "microsecond" | "microseconds" => 1_000,
         "ms" | "msec" | "millisecond" | "milliseconds" => 1_000_000,
         "s" | "sec" | "secs" | "second" | "seconds" => S,
         "m" | "min" | "mins" | "minute" | "minutes" => 60 * S,
@@ -33,7 +35,52 @@ fn unit(text: &str) -> Option<u64> {
     })
 }
 
-const UNITS: &str = "ms, s, min, h or day";
+const UNITS: &str = "ns, us, ms, s, min, h or day";
+
+/// Splits `text` at every character `at` accepts outside double quotes (in quotes, `\`
+/// escapes the next character).
+pub(super) fn split_unquoted(text: &str, at: impl Fn(char) -> bool) -> Vec<&str> {
+    let (mut parts, mut start) = (Vec::new(), 0);
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, c) in text.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if quoted && c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+        } else if !quoted && at(c) {
+            parts.push(&text[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// A name as written: as it is, or in double quotes with `\"` and `\\` escaped.
+fn name(part: &str, text: &str) -> Result<String, ConfigError> {
+    let Some(inner) = text.strip_prefix('"') else {
+        return Ok(text.to_owned());
+    };
+    let unclosed = || {
+        bad(
+            part,
+            format!("the quoted name {} is not closed", echo(text)),
+        )
+    };
+    let inner = inner.strip_suffix('"').ok_or_else(unclosed)?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next().ok_or_else(unclosed)?),
+            '"' => return Err(unclosed()),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
 
 fn int(part: &str, text: &str, what: &str) -> Result<u64, ConfigError> {
     text.parse::<u64>()
@@ -86,11 +133,14 @@ fn rate(part: &str, text: &str) -> Result<Quota, ConfigError> {
 
 /// One limit: `[name:] body [options]`.
 fn limit(part: &str) -> Result<Limit, ConfigError> {
-    let mut words = part.split_whitespace().peekable();
-    let mut name = None;
+    let mut words = split_unquoted(part, char::is_whitespace)
+        .into_iter()
+        .filter(|w| !w.is_empty())
+        .peekable();
+    let mut limit_name = None;
     if let Some(w) = words.peek() {
         if let Some(n) = w.strip_suffix(':') {
-            name = Some(n.to_owned());
+            limit_name = Some(name(part, n)?);
             words.next();
         }
     }
@@ -171,7 +221,7 @@ fn limit(part: &str) -> Result<Limit, ConfigError> {
     if let Some(w) = max_wait {
         l = l.with_max_wait(w).map_err(fail)?;
     }
-    if let Some(n) = name {
+    if let Some(n) = limit_name {
         l = l.named(n).map_err(fail)?;
     }
     match mode {
@@ -199,8 +249,8 @@ impl FromStr for Policy {
     type Err = ConfigError;
 
     fn from_str(text: &str) -> Result<Self, ConfigError> {
-        let limits = text
-            .split(',')
+        let limits = split_unquoted(text, |c| c == ',')
+            .into_iter()
             .map(|part| limit(part.trim()))
             .collect::<Result<Vec<_>, _>>()?;
         Policy::from_limits(limits).map_err(|e| bad(text, e.to_string()))
@@ -210,6 +260,10 @@ impl FromStr for Policy {
 impl PolicySet {
     /// Reads a set written one policy per line, `name = policy`; the name `*` holds the
     /// limits every policy also applies; `#` starts a comment. An error names the line.
+    /// A text of one policy alone (one line without `name =`, such as `100/s burst 200`)
+    /// is a set of that one unnamed policy, as [`PolicySet::single`] makes. A name the
+    /// plain form cannot hold (one with `=`, `#` or `"`) is written in double quotes, as
+    /// [`Display`](std::fmt::Display) writes it.
     ///
     /// ```
     /// use tollgate::policy::PolicySet;
@@ -227,21 +281,32 @@ impl PolicySet {
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
     pub fn from_text(text: &str) -> Result<PolicySet, ConfigError> {
-        let mut entries = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
-                continue;
-            }
-            let at_line = |e: ConfigError| ConfigError::Line {
-                line: i + 1,
+        let lines: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .map(|(i, line)| (i + 1, split_unquoted(line, |c| c == '#')[0].trim()))
+            .filter(|(_, line)| !line.is_empty())
+            .collect();
+        let at = |line: usize| {
+            move |e: ConfigError| ConfigError::Line {
+                line,
                 error: Box::new(e),
+            }
+        };
+        if let [(n, line)] = lines[..] {
+            if split_unquoted(line, |c| c == '=').len() == 1 {
+                return line.parse::<Policy>().map(PolicySet::single).map_err(at(n));
+            }
+        }
+        let mut entries = Vec::with_capacity(lines.len());
+        for (n, line) in lines {
+            let (policy_name, policy) = match &split_unquoted(line, |c| c == '=')[..] {
+                [policy_name, _, ..] => (*policy_name, &line[policy_name.len() + 1..]),
+                _ => return Err(at(n)(bad(line, "expected `name = policy`"))),
             };
-            let (name, policy) = line
-                .split_once('=')
-                .ok_or_else(|| at_line(bad(line, "expected `name = policy`")))?;
-            let policy = policy.trim().parse::<Policy>().map_err(at_line)?;
-            entries.push((name.trim().to_owned(), policy, i + 1));
+            let policy = policy.trim().parse::<Policy>().map_err(at(n))?;
+            let policy_name = name(line, policy_name.trim()).map_err(at(n))?;
+            entries.push((policy_name, policy, n));
         }
         PolicySet::from_entries(entries)
     }

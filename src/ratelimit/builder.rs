@@ -118,7 +118,8 @@ impl<X, C, F> Builder<X, C, F> {
     }
 
     setters! {
-        /// What to do with requests that carry no key (default [`MissingKey::Shared`]).
+        /// What to do with requests that carry no key (default [`MissingKey::Reject`] with
+        /// `400`: see [`MissingKey`]).
         on_missing_key(missing: MissingKey) => settings.missing;
 
         /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).

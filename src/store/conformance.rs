@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{MemoryStore, Store};
 use crate::algorithm::Limit;
 use crate::clock::ManualClock;
-use crate::decision::{Decision, Source};
+use crate::decision::{Decision, Outcome, Source};
 use crate::error::StoreError;
 use crate::policy::Policy;
 use crate::quota::Quota;
@@ -26,8 +26,18 @@ const RACE_BURST: u64 = 64;
 /// How long a refund (best effort, maybe sent in the background) may take to show.
 const REFUND_WITHIN: Duration = Duration::from_secs(2);
 
-/// Why a store failed [`check`]: the operation, the policies, and what the in-memory
-/// store answered beside what the store under test answered.
+/// Why a store failed [`check`], in a few lines: the check, its input (the policies as
+/// text, the operations on the key in question), what the in-memory store answered beside
+/// what the store under test answered, and where the two differ first.
+///
+/// ```text
+/// conformance check `sequences` failed: sequence 0, operation #2: the decisions differ
+///   policies: #0 `1/2862ms burst 19, queue 2/1970ms 5 nodelay 3, 32/2423ms window offset 123777us shadow`
+///   key 0: #0 at +121.548ms settle a reservation of 0 at 1 under #0; #2 at +123.305ms preview of cost 2 under #0
+///   in memory:  admitted; #0 remaining 16, next in 2.860243s, full in 8.584243s; #1 remaining 1, ...
+///   this store: admitted; #0 remaining 17, next in 2.862s, full in 5.724s; #1 remaining 2, ...
+///   first difference: limit #0's remaining, 16 in memory, 17 in this store
+/// ```
 pub struct ConformanceError {
     what: String,
 }
@@ -200,7 +210,8 @@ async fn sequence<S: Store<String>, E: fmt::Display>(
     let keys: Vec<String> = (0..3)
         .map(|k| format!("tollgate-conformance-{run:x}-{seq}-{k}"))
         .collect();
-    let mut log = Vec::new();
+    let mut log: Vec<Step> = Vec::new();
+    let mut elapsed = 0;
     for i in 0..rng.range(1, MAX_OPS + 1) {
         let gap = match rng.range(0, 3) {
             0 => 0,
@@ -208,6 +219,7 @@ async fn sequence<S: Store<String>, E: fmt::Display>(
             _ => rng.range(0, 400_000),
         };
         clock.advance(Duration::from_micros(gap));
+        elapsed += gap;
         let cost = if rng.range(0, 9) < 8 {
             rng.range(0, 4)
         } else {
@@ -219,15 +231,36 @@ async fn sequence<S: Store<String>, E: fmt::Display>(
         } else {
             rng.range(0, 3) as usize
         } % policies.len();
-        let (policy, key) = (&policies[which], &keys[rng.range(0, 3) as usize]);
+        let k = rng.range(0, 3) as usize;
+        let (policy, key) = (&policies[which], &keys[k]);
         let op = Op::pick(&mut rng, cost);
-        log.push(format!(
-            "#{i} +{gap}us {op:?} on {key} under policy {which}"
-        ));
+        log.push(Step {
+            i,
+            at_us: elapsed,
+            key: k,
+            op,
+            cost,
+            policy: which,
+        });
         let report = |what: String| {
+            let written: Vec<String> = policies
+                .iter()
+                .enumerate()
+                .map(|(n, p)| format!("#{n} `{p}`"))
+                .collect();
+            let on_key: Vec<String> = log
+                .iter()
+                .filter(|s| s.key == k)
+                .map(Step::to_string)
+                .collect();
+            // The headline, the input, then the answers.
+            let (what, answers) = what.split_once('\n').unwrap_or((&what, ""));
             fail(format!(
-                "sequence {seq}, operation #{i}: {what}\npolicies: {policies:#?}\noperations:\n  {}",
-                log.join("\n  ")
+                "conformance check `sequences` failed: sequence {seq}, operation #{i}: {what}\n  \
+                 policies: {}\n  key {k}: {}{}{answers}",
+                written.join(", "),
+                on_key.join("; "),
+                if answers.is_empty() { "" } else { "\n" },
             ))
         };
         let store_err = |e: StoreError| report(format!("the store failed: {e}"));
@@ -269,6 +302,32 @@ async fn sequence<S: Store<String>, E: fmt::Display>(
     Ok(())
 }
 
+/// An operation of a sequence as a report shows it.
+struct Step {
+    i: u64,
+    /// Time since the sequence began, in microseconds.
+    at_us: u64,
+    key: usize,
+    op: Op,
+    cost: u64,
+    policy: usize,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (i, cost) = (self.i, self.cost);
+        write!(f, "#{i} at +{:?} ", Duration::from_micros(self.at_us))?;
+        match self.op {
+            Op::Decide => write!(f, "decide cost {cost}")?,
+            Op::Preview => write!(f, "preview of cost {cost}")?,
+            Op::Settle { actual } => write!(f, "settle a reservation of {cost} at {actual}")?,
+            Op::Reset => return f.write_str("reset"),
+            Op::Ban(ban) => write!(f, "ban for {ban:?}")?,
+        }
+        write!(f, " under #{}", self.policy)
+    }
+}
+
 /// One operation of a sequence.
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -299,7 +358,8 @@ impl Op {
     }
 }
 
-/// Whether two decisions are the same, their source aside.
+/// Whether two decisions are the same, their source aside; if not, both on a line each
+/// and where they differ first.
 fn same(expected: Decision, got: Decision) -> Result<(), String> {
     let (expected, got) = (
         expected.with_source(Source::Local),
@@ -309,8 +369,94 @@ fn same(expected: Decision, got: Decision) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "the decisions differ\n  in memory:  {expected:?}\n  this store: {got:?}"
+        "the decisions differ\n  in memory:  {}\n  this store: {}\n  first difference: {}",
+        Shown(&expected),
+        Shown(&got),
+        first_difference(&expected, &got)
     ))
+}
+
+/// A decision on one line: its outcome, then each limit's report.
+struct Shown<'a>(&'a Decision);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        match d.outcome() {
+            Outcome::Allowed { wait } if wait.is_zero() => f.write_str("admitted")?,
+            Outcome::Allowed { wait } => write!(f, "admitted after a wait of {wait:?}")?,
+            Outcome::Denied { retry_after } => write!(f, "refused, retry after {retry_after:?}")?,
+            Outcome::Exceeds => f.write_str("refused: the cost exceeds what a limit holds")?,
+        }
+        if let Some(r) = d.retry_after().filter(|_| d.shadowed()) {
+            write!(f, " (a limit in shadow would refuse for {r:?})")?;
+        }
+        for l in d.limits() {
+            write!(
+                f,
+                "; #{} {}remaining {}, next in {:?}, full in {:?}",
+                l.index(),
+                if l.allowed() { "" } else { "refusing, " },
+                l.remaining(),
+                l.next_after(),
+                l.reset_after()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The first part two different decisions differ in, in words.
+fn first_difference(expected: &Decision, got: &Decision) -> String {
+    let both =
+        |what: &str, a: String, b: String| format!("{what}, {a} in memory, {b} in this store");
+    if expected.outcome() != got.outcome() {
+        return both(
+            "the outcome",
+            format!("{:?}", expected.outcome()),
+            format!("{:?}", got.outcome()),
+        );
+    }
+    if expected.limits().len() != got.limits().len() {
+        return both(
+            "the number of limits reported",
+            expected.limits().len().to_string(),
+            got.limits().len().to_string(),
+        );
+    }
+    for (a, b) in expected.limits().iter().zip(got.limits()) {
+        let i = a.index();
+        let parts = [
+            ("index", a.index().to_string(), b.index().to_string()),
+            ("admits", a.allowed().to_string(), b.allowed().to_string()),
+            (
+                "remaining",
+                a.remaining().to_string(),
+                b.remaining().to_string(),
+            ),
+            (
+                "next unit in",
+                format!("{:?}", a.next_after()),
+                format!("{:?}", b.next_after()),
+            ),
+            (
+                "full in",
+                format!("{:?}", a.reset_after()),
+                format!("{:?}", b.reset_after()),
+            ),
+        ];
+        if let Some((what, x, y)) = parts.into_iter().find(|(_, x, y)| x != y) {
+            return both(&format!("limit #{i}'s {what}"), x, y);
+        }
+        if a != b {
+            return format!("limit #{i}'s name");
+        }
+    }
+    both(
+        "what limits in shadow would have answered",
+        format!("{:?}", expected.retry_after()),
+        format!("{:?}", got.retry_after()),
+    )
 }
 
 /// A refund, which a store may apply in the background (so it is checked apart from the
@@ -340,8 +486,8 @@ async fn refund<S: Store<String>, E: fmt::Display>(
     let key = format!("tollgate-conformance-{run:x}-refund");
     let report = |what: String| {
         fail(format!(
-            "a refund: {what}
-policy: {policy:?}"
+            "conformance check `refund` failed: 4 units decided, then refunded 1 ms later, on \
+             one key under `{policy}`: {what}"
         ))
     };
     let store_err = |e: StoreError| report(format!("the store failed: {e}"));
@@ -419,8 +565,9 @@ async fn race<S: Store<String>, E: fmt::Display>(
     }
     if admitted != RACE_BURST {
         return Err(fail(format!(
-            "{RACERS} tasks racing on one key at a frozen instant were admitted {admitted} units \
-             of a burst of {RACE_BURST}: a decision must read, decide and write atomically"
+            "conformance check `race` failed: {RACERS} tasks racing on one key at a frozen \
+             instant under `{policy}` were admitted {admitted} units of a burst of \
+             {RACE_BURST}: a decision must read, decide and write atomically"
         )));
     }
     Ok(())

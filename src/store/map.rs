@@ -115,9 +115,9 @@ enum Which {
     Many,
 }
 
-/// The table sizes a shard may take within its part of the budget.
+/// The table sizes a shard (or any table bounded in bytes) may take within its budget.
 #[derive(Clone, Debug)]
-struct Geometry {
+pub(crate) struct Geometry {
     /// `(allocation, capacity)` of each table size that fits, smallest first.
     sizes: Vec<(usize, usize)>,
 }
@@ -125,7 +125,7 @@ struct Geometry {
 impl Geometry {
     /// Every table size of `E` whose allocation fits in `budget`, found by building them
     /// (once per map).
-    fn for_budget<E>(budget: usize) -> Self {
+    pub(crate) fn for_budget<E>(budget: usize) -> Self {
         let mut sizes = Vec::new();
         let mut cap = 1;
         loop {
@@ -160,7 +160,7 @@ impl Geometry {
 
     /// The allocation `t` has after one more insert, or `None` if that would double a
     /// table already at its largest.
-    fn after_insert<E>(&self, t: &HashTable<E>) -> Option<usize> {
+    pub(crate) fn after_insert<E>(&self, t: &HashTable<E>) -> Option<usize> {
         let alloc = t.allocation_size();
         if t.len() < t.capacity() {
             Some(alloc)

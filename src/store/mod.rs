@@ -34,6 +34,7 @@ pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub(crate) use memory::DEFAULT_MAX_BYTES;
 pub use tables::MemoryStats;
+pub(crate) use tables::{Digest, SipKeys};
 
 use crate::{decision::Decision, error::StoreError, policy::Policy, policy::PolicySet};
 

@@ -40,14 +40,14 @@ pub(super) enum Keys<K> {
 /// A 96-bit keyed digest of a key's `Hash` output: twelve bytes, aligned to four, so that
 /// with its tag and state an entry takes 24 bytes.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) struct Digest(pub(super) [u32; 3]);
+pub(crate) struct Digest(pub(super) [u32; 3]);
 
 /// The digest's random keys, drawn once per store.
 #[derive(Clone, Copy)]
-pub(super) struct SipKeys(pub(super) u64, pub(super) u64);
+pub(crate) struct SipKeys(pub(super) u64, pub(super) u64);
 
 impl SipKeys {
-    pub(super) fn random() -> Self {
+    pub(crate) fn random() -> Self {
         // std's RandomState is seeded from the OS once per thread; two fresh states give
         // two independent 64-bit outputs.
         let draw = |i: u64| std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), i);
@@ -55,7 +55,7 @@ impl SipKeys {
     }
 
     #[inline]
-    pub(super) fn digest<K: Hash + ?Sized>(&self, key: &K) -> Digest {
+    pub(crate) fn digest<K: Hash + ?Sized>(&self, key: &K) -> Digest {
         let mut h = SipHasher13::new_with_keys(self.0, self.1);
         key.hash(&mut h);
         let d = h.finish128();
@@ -65,7 +65,7 @@ impl SipKeys {
 
 impl Digest {
     #[inline]
-    pub(super) fn hash(&self) -> u64 {
+    pub(crate) fn hash(&self) -> u64 {
         u64::from(self.0[0]) << 32 | u64::from(self.0[1])
     }
 }

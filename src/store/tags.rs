@@ -17,7 +17,9 @@ static STORE_IDS: AtomicU32 = AtomicU32::new(1);
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
 /// One store's policies by tag: one tag per distinct set of parameters it has written
-/// state under, so the table grows with the configurations used, not with requests.
+/// state under, so the table grows with the configurations used, not with requests. A
+/// policy installed but never decided under is not kept: only its parameters' fingerprint
+/// and the generation of the set it came in (a few dozen bytes, not the policy).
 pub(crate) struct Tags {
     /// Process-unique, for the tag each policy caches.
     id: u32,
@@ -30,6 +32,9 @@ struct Registry {
     policies: Vec<Policy>,
     /// By tag: the count of the last set installed with this policy (0: none).
     generations: Vec<u64>,
+    /// By fingerprint, for the parameters installed but not yet decided under: the count
+    /// of the last set installed with them, which their tag takes when they get one.
+    pending: HashMap<u64, u64>,
 }
 
 impl Tags {
@@ -57,10 +62,12 @@ impl Tags {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let next = r.policies.len() as u32;
-        let tag = *r.by_fingerprint.entry(policy.fingerprint()).or_insert(next);
+        let fingerprint = policy.fingerprint();
+        let tag = *r.by_fingerprint.entry(fingerprint).or_insert(next);
         if tag == next {
+            let generation = r.pending.remove(&fingerprint).unwrap_or(0);
             r.policies.push(policy.clone());
-            r.generations.push(0);
+            r.generations.push(generation);
         }
         policy.cache_tag(self.id, tag);
         tag
@@ -69,13 +76,18 @@ impl Tags {
     /// Records that a layer installed these policies together (a set, built or swapped).
     pub(crate) fn installed<'a>(&self, policies: impl Iterator<Item = &'a Policy>) {
         let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        let mut r = self
+            .registry
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         for p in policies {
-            let tag = self.tag(p);
-            let mut r = self
-                .registry
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            r.generations[tag as usize] = generation;
+            let fingerprint = p.fingerprint();
+            match r.by_fingerprint.get(&fingerprint) {
+                Some(&tag) => r.generations[tag as usize] = generation,
+                None => {
+                    r.pending.insert(fingerprint, generation);
+                }
+            }
         }
     }
 

@@ -6,7 +6,22 @@ use std::net::SocketAddr;
 use axum::Router;
 
 /// Serves `app` on a fresh loopback port with `ConnectInfo`, returning its address.
+/// Without tollgate's `axum` feature, `PeerIp` cannot read `ConnectInfo`: the peer address
+/// is then also put into the extensions as a plain `SocketAddr`, which it reads.
 pub async fn serve(app: Router) -> SocketAddr {
+    #[cfg(not(feature = "axum"))]
+    let app = app.layer(axum::middleware::map_request(
+        |mut req: axum::extract::Request| async move {
+            let info = req
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .copied();
+            if let Some(axum::extract::ConnectInfo(peer)) = info {
+                req.extensions_mut().insert(peer);
+            }
+            req
+        },
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

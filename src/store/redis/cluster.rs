@@ -165,9 +165,16 @@ impl ClusterLanes {
 /// Whether `e` says a key is not where the map put it.
 fn moved(e: &StoreError) -> bool {
     let text = e.to_string();
-    ["non local key", "MOVED", "ASK", "CROSSSLOT", "CLUSTERDOWN", "TRYAGAIN"]
-        .iter()
-        .any(|w| text.contains(w))
+    [
+        "non local key",
+        "MOVED",
+        "ASK",
+        "CROSSSLOT",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
 }
 
 /// `CLUSTER SLOTS`: per range, its first and last slot and its master's `host:port`.
@@ -207,7 +214,11 @@ mod tests {
         assert_eq!(slot(b"a"), 15495);
         assert_eq!(slot(b"b"), 3300);
         assert_eq!(slot(b"ns:api:rate:v4:{#abc}"), slot(b"abc"));
-        assert_eq!(slot(b"{}x"), slot(b"{}x"), "an empty tag hashes the whole key");
+        assert_eq!(
+            slot(b"{}x"),
+            slot(b"{}x"),
+            "an empty tag hashes the whole key"
+        );
         assert_eq!(slot(b"foo{bar}"), slot(b"bar"));
     }
 
@@ -221,7 +232,11 @@ mod tests {
             ])
         };
         let v = Value::Array(vec![
-            Value::Array(vec![Value::Int(0), Value::Int(5460), node("127.0.0.1", 7000)]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+            ]),
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(16383),
