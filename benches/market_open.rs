@@ -147,7 +147,7 @@ async fn instance(url: &str, mode: Mode, ns: &str, global: Limit) -> Instance {
     };
     let batching = matches!(mode, Mode::BatchedFailOpen | Mode::BatchedFallback);
     let builder = |limit: Limit, part: &str| {
-        RedisStore::builder("limit", limit)
+        RedisStore::builder("market", limit)
             .namespace(format!("{ns}-{part}"))
             .deadline(Duration::from_millis(8))
             .failure_policy(failure)

@@ -223,7 +223,7 @@ async fn main() {
                 // Each store its own connection, as the bare script has its own.
                 let conn = RedisConnection::connect(&url).await.unwrap();
                 Arc::new(
-                    RedisStore::builder("limit", Limit::token_bucket(quota).unwrap())
+                    RedisStore::builder("bench", Limit::token_bucket(quota).unwrap())
                         .namespace(format!("bench-{}", name.len()))
                         .deadline(deadline)
                         .batching(batching)

@@ -6,6 +6,8 @@
 //! cargo run --example demo            # in-memory store, serves on 127.0.0.1:3000 (or $PORT)
 //! # the same limits shared by every instance through Redis:
 //! TOLLGATE_REDIS_URL=redis://127.0.0.1:6379 cargo run --example demo --features redis
+//! # or through Sentinel, the master found by its name:
+//! TOLLGATE_REDIS_URL=redis+sentinel://127.0.0.1:26379/mymaster cargo run --example demo --features redis
 //! ```
 //!
 //! - `GET /token`:   5 per second, burst 10, per client IP (token bucket)
@@ -109,14 +111,14 @@ impl Stores {
         })
     }
 
-    /// Where a fair-sharing pool lives: this process, or Redis.
-    fn fair<K>(&self) -> Result<Arc<dyn FairStore<K>>, ConfigError>
+    /// Where the fair-sharing pool `name` lives: this process, or Redis.
+    fn fair<K>(&self, name: &str) -> Result<Arc<dyn FairStore<K>>, ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + KeyBytes + 'static,
     {
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::fair::RedisFair::builder("limit")
+            let store = tollgate::fair::RedisFair::builder(name)
                 .namespace("tollgate-demo")
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
@@ -124,14 +126,15 @@ impl Stores {
         Ok(Arc::new(MemoryFair::new()))
     }
 
-    /// Where in-flight requests are counted: this process, or leases in Redis.
-    fn in_flight<K>(&self) -> Result<Arc<dyn InFlightStore<K>>, ConfigError>
+    /// Where the in-flight limit `name` counts its requests: this process, or leases in
+    /// Redis.
+    fn in_flight<K>(&self, name: &str) -> Result<Arc<dyn InFlightStore<K>>, ConfigError>
     where
         K: Hash + Eq + Clone + Send + Sync + KeyBytes + 'static,
     {
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::inflight::RedisInFlight::builder("limit")
+            let store = tollgate::inflight::RedisInFlight::builder(name)
                 .namespace("tollgate-demo")
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
@@ -141,8 +144,8 @@ impl Stores {
 
     /// A store for the layer labelled `label`, whose own policy is `policy` (what a layer
     /// given no limit of its own applies). Each layer gets its own store, and on Redis its
-    /// own namespace: a key's state is one Redis key under every policy, so layers keyed
-    /// alike (the per-IP routes; `/api` and `/plan` by `x-api-key`) must not share one.
+    /// own name: stores share a key's state only under one name, so layers keyed alike
+    /// (the per-IP routes; `/api` and `/plan` by `x-api-key`) stay apart.
     fn store<K>(
         &self,
         label: &str,
@@ -154,8 +157,8 @@ impl Stores {
         let policy = policy.into_policy()?;
         #[cfg(feature = "redis")]
         if let Some(conn) = &self.redis {
-            let store = tollgate::store::RedisStore::builder("limit", policy)
-                .namespace(format!("tollgate-demo-{label}"))
+            let store = tollgate::store::RedisStore::builder(label, policy)
+                .namespace("tollgate-demo")
                 .build(conn.clone())?;
             return Ok(Arc::new(store));
         }
@@ -286,7 +289,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Slow exports: at most 2 in flight per client IP.
     let exports = InFlightLimitLayer::builder(PeerIp::new(), 2)
         .label("export")
-        .build_with(stores.in_flight()?)?;
+        .build_with(stores.in_flight("export")?)?;
 
     // Fair sharing per API key: a 20/s pool, each key guaranteed 4/s, up to 16/s.
     let fair = FairLimitLayer::builder(
@@ -294,7 +297,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Quota::per_second(20)?.with_burst(20)?,
     )
     .share(Share::new(Quota::per_second(4)?, Quota::per_second(16)?)?)
-    .build_with(stores.fair()?)?;
+    .build_with(stores.fair("fair")?)?;
 
     // Every route: a deny list and a site-wide cap per client IP; health checks exempt.
     let edge = RateLimitLayer::builder()

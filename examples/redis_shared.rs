@@ -26,7 +26,7 @@ async fn instance(
 ) -> Result<SocketAddr, Box<dyn std::error::Error>> {
     // Each instance has its own connection and store; the limit lives in Redis.
     let policy = Limit::token_bucket(Quota::per_second(5)?.with_burst(5)?)?;
-    let store = RedisStore::builder("limit", policy)
+    let store = RedisStore::builder("shared", policy)
         .namespace("redis-shared-example")
         .deadline(Duration::from_millis(20))
         .failure_policy(FailurePolicy::LocalFallback { share: 0.5 })

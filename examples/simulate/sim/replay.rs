@@ -138,7 +138,7 @@ pub async fn run_redis(
     let mut fates = Vec::new();
     for (i, p) in policies.iter().enumerate() {
         let clock = ManualClock::at(BASE);
-        let store = RedisStore::builder("limit", p.policy.clone())
+        let store = RedisStore::builder("simulated", p.policy.clone())
             .namespace(format!("tollgate-sim-{}-{run}-{i}", std::process::id()))
             .clock(clock.clone())
             .negative_cache(0)
