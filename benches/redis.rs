@@ -85,11 +85,33 @@ async fn server_cpu(conn: &mut ConnectionManager) -> f64 {
         .sum()
 }
 
-/// One side's round: decisions per second and the server's CPU time per decision (µs).
+/// One side's round: decisions per second, the server's CPU time per decision (µs) and
+/// the decisions per script call.
 #[derive(Clone, Copy)]
 struct Run {
     rate: f64,
     server_us: f64,
+    per_call: f64,
+}
+
+/// Script calls the server has run so far (`INFO commandstats`).
+async fn script_calls(conn: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// [`drive`], with the server's CPU time per decision.
@@ -98,12 +120,14 @@ where
     F: Fn(u64) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
-    let before = server_cpu(conn).await;
+    let (before, calls) = (server_cpu(conn).await, script_calls(conn).await);
     let (rate, n) = drive(decide, keys, tasks).await;
     let cpu = server_cpu(conn).await - before;
+    let calls = script_calls(conn).await - calls;
     Run {
         rate,
         server_us: cpu * 1e6 / n.max(1) as f64,
+        per_call: n as f64 / calls.max(1) as f64,
     }
 }
 
@@ -198,7 +222,7 @@ async fn main() {
 
     let mut seen = std::collections::HashSet::new();
     println!(
-        "| scenario | callers | batched (decisions/s) | unbatched | bare script | batched / unbatched (p25..p75) | batched / bare | unbatched / bare | server CPU µs per decision: batched / unbatched / bare |"
+        "| scenario | callers | batched (decisions/s) | unbatched | bare script | batched / unbatched (p25..p75) | batched / bare | unbatched / bare | server CPU µs per decision: batched / unbatched / bare (decisions per batched call) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, quota, keys, tasks) in [
@@ -296,7 +320,7 @@ async fn main() {
         let rate = |v: &[Run]| median(v.iter().map(|r| r.rate).collect());
         let cpu = |v: &[Run]| median(v.iter().map(|r| r.server_us).collect());
         println!(
-            "| {name} | {tasks} | {:.0} | {:.0} | {:.0} | {:.2} ({:.2}..{:.2}) | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} |",
+            "| {name} | {tasks} | {:.0} | {:.0} | {:.0} | {:.2} ({:.2}..{:.2}) | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} ({:.1}) |",
             rate(&b),
             rate(&u),
             rate(&bare),
@@ -308,6 +332,7 @@ async fn main() {
             cpu(&b),
             cpu(&u),
             cpu(&bare),
+            median(b.iter().map(|r| r.per_call).collect()),
         );
     }
 
@@ -339,23 +364,57 @@ async fn main() {
             async move { store.check(&k, 1).await.unwrap().is_allowed() }
         }
     };
+    // The servers' CPU time, summed over the nodes (`INFO cpu`), in seconds.
+    let cluster_cpu = || -> f64 {
+        cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                n.cli(&["INFO", "cpu"])
+                    .lines()
+                    .filter_map(|l| {
+                        l.strip_prefix("used_cpu_user:")
+                            .or_else(|| l.strip_prefix("used_cpu_sys:"))
+                    })
+                    .filter_map(|v| v.trim().parse::<f64>().ok())
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    let calls = || -> u64 { cluster.nodes.iter().map(|n| n.calls("evalsha")).sum() };
     let (mut b, mut u) = (Vec::new(), Vec::new());
+    let (mut b_cpu, mut u_cpu, mut b_calls) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         for i in 0..2 {
-            match (round + i) % 2 {
-                0 => b.push(drive(side(batched.clone()), Keys::Random, 64).await.0),
-                _ => u.push(drive(side(unbatched.clone()), Keys::Random, 64).await.0),
+            let (cpu0, calls0) = (cluster_cpu(), calls());
+            let batched_side = (round + i) % 2 == 0;
+            let (rate, n) = if batched_side {
+                drive(side(batched.clone()), Keys::Random, 64).await
+            } else {
+                drive(side(unbatched.clone()), Keys::Random, 64).await
+            };
+            let us = (cluster_cpu() - cpu0) * 1e6 / n.max(1) as f64;
+            if batched_side {
+                b.push(rate);
+                b_cpu.push(us);
+                b_calls.push(n as f64 / (calls() - calls0).max(1) as f64);
+            } else {
+                u.push(rate);
+                u_cpu.push(us);
             }
         }
     }
     let mut r: Vec<f64> = b.iter().zip(&u).map(|(x, y)| x / y).collect();
     r.sort_by(f64::total_cmp);
     println!(
-        "| 3-shard cluster, 100 000 random keys, admitted | 64 | {:.0} | {:.0} | - | {:.2} ({:.2}..{:.2}) | - | - | - |",
+        "| 3-shard cluster, 100 000 random keys, admitted | 64 | {:.0} | {:.0} | - | {:.2} ({:.2}..{:.2}) | - | - | {:.2} / {:.2} / - ({:.1}; servers summed) |",
         median(b),
         median(u),
         r[ROUNDS / 2],
         r[ROUNDS / 4],
         r[ROUNDS - 1 - ROUNDS / 4],
+        median(b_cpu),
+        median(u_cpu),
+        median(b_calls),
     );
 }

@@ -103,12 +103,12 @@ struct State {
 }
 
 impl State {
-    /// Whether the queue goes out as a call now: when nothing is in flight, or as the
-    /// second call once it is long enough, beside a batch call.
-    fn may_launch(&self) -> bool {
+    /// Whether the queue goes out as a call now: when nothing is in flight, or (`second`)
+    /// as the second call once it is long enough, beside a batch call.
+    fn may_launch(&self, second: bool) -> bool {
         !self.queue.is_empty()
             && (self.calls == 0
-                || (self.calls == 1 && !self.alone && self.queue.len() >= SECOND_CALL_AT))
+                || (second && self.calls == 1 && !self.alone && self.queue.len() >= SECOND_CALL_AT))
     }
 }
 
@@ -116,7 +116,9 @@ impl State {
 #[derive(Default)]
 pub(super) struct Lane {
     state: Mutex<State>,
-    /// Whether the server is a cluster's node (its batch script differs).
+    /// Whether the server is a cluster's node: its batch script differs, and no second
+    /// call goes out beside a batch (the cluster's other nodes work meanwhile, and on a
+    /// cluster a second call measured slower: 1.22x unbatched against 1.47x without).
     cluster: bool,
 }
 
@@ -161,7 +163,7 @@ impl Lane {
                     call: call.clone(),
                 };
                 state.queue.push_back(Pending { request, reply: tx });
-                if state.may_launch() {
+                if state.may_launch(!self.cluster) {
                     self.launch(&mut state, conn);
                 }
                 Some(rx)
@@ -193,7 +195,7 @@ impl Lane {
         let mut state = self.state();
         state.calls -= 1;
         state.alone = false;
-        while state.may_launch() {
+        while state.may_launch(!self.cluster) {
             if !self.launch(&mut state, conn) {
                 return;
             }
