@@ -30,10 +30,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ::redis::aio::ConnectionLike;
 use tokio::sync::oneshot;
 
-use super::cluster::ClusterLanes;
 use super::script::{self, Args, Ints};
 use crate::error::StoreError;
-use crate::redis::{run, Conn, Invocation, RedisConnection};
+use crate::redis::{run, Invocation};
 
 /// Most requests in one batch call.
 const MAX_BATCH: usize = 128;
@@ -60,32 +59,6 @@ pub(super) struct Request {
 }
 
 pub(super) type Reply = Result<Vec<i64>, StoreError>;
-
-/// Sends `call` on `key` for a store on `conn`: through the lane of the server that holds
-/// the key when `batching`, as its own call otherwise. Both are borrowed: a request copies
-/// them only when it queues.
-pub(super) async fn request(
-    conn: &RedisConnection,
-    batcher: &Batcher,
-    key: &[u8],
-    call: &Call,
-    batching: bool,
-) -> Reply {
-    match conn.conn() {
-        Conn::Single(c) if batching => batcher.lane.submit(c, key, call).await,
-        Conn::Cluster(c) if batching => batcher.cluster.submit(c, key, call).await,
-        Conn::Single(c) => one(&mut c.clone(), key, call).await,
-        Conn::Cluster(c) => one(&mut c.clone(), key, call).await,
-    }
-}
-
-/// A connection's lanes (attached to it, so shared by its clones and the stores built on
-/// them): one for a single node, one per master node of a cluster.
-#[derive(Default)]
-pub(super) struct Batcher {
-    lane: Arc<Lane>,
-    cluster: Arc<ClusterLanes>,
-}
 
 struct Pending {
     request: Request,

@@ -11,9 +11,10 @@ use std::{
     time::Duration,
 };
 
-use super::batch::{self, Batcher, Call};
+use super::batch::Call;
 use super::failure::Share;
 use super::script::{Args, Mode};
+use super::send::{self, Batcher};
 use crate::{
     algorithm::{Params, MAX_WORDS},
     clock::Clock,
@@ -291,7 +292,7 @@ impl Shared {
         match &self.batcher {
             Some(batcher) if args.floor.is_empty() => {
                 let call = Call::Script(args);
-                self.in_time(batch::request(&self.conn, batcher, key, &call, true))
+                self.in_time(send::request(&self.conn, batcher, key, &call, true))
                     .await
             }
             _ => {

@@ -10,6 +10,7 @@ mod local_state;
 mod local_sync;
 mod negative;
 mod script;
+mod send;
 mod store;
 
 pub use crate::redis::RedisBuilder;

@@ -2,12 +2,13 @@
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
-use super::batch::{self, Batcher, Call};
+use super::batch::Call;
 use super::failure::FailurePolicy;
 use super::fallback::Fallback;
 use super::local_state::Unsynced;
 use super::negative::NegativeCache;
 use super::script::{self, Args, Mode};
+use super::send::{self, Batcher};
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
@@ -122,7 +123,7 @@ impl Shared {
         key: &'a [u8],
         call: &'a Call,
     ) -> impl Future<Output = Result<Vec<i64>, StoreError>> + 'a {
-        batch::request(&self.conn, &self.batcher, key, call, self.batching)
+        send::request(&self.conn, &self.batcher, key, call, self.batching)
     }
 
     /// Deletes one key, under the deadline.
