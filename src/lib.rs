@@ -11,12 +11,9 @@ pub mod generic;
 pub mod inflight;
 pub mod ratelimit;
 
-mod future;
-mod gate;
-mod limiter;
+mod core;
 mod observe;
 mod options;
-mod service;
 mod setters;
 
 pub mod algorithm;

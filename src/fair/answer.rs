@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::share::{FairDecision, Share};
+use crate::core::gate::{store_failed, Verdict, Wording};
 use crate::error::StoreError;
-use crate::gate::{store_failed, Verdict, Wording};
 use crate::observe::{outage, Bind, Count, OncePerSecond, RATE_LIMIT_REQUESTS};
 use crate::options::OnStoreError;
 use crate::quota::Quota;
@@ -92,7 +92,7 @@ impl FairReplies {
         tracing::info!(
             target: "tollgate",
             limiter = %self.label,
-            retry_after_ms = crate::observe::ms_up(Duration::from_nanos(d.retry_after)),
+            retry_after_ms = crate::response::ms_up(Duration::from_nanos(d.retry_after)),
             "fair-share limit refused a request"
         );
         let message =

@@ -11,11 +11,12 @@ use http::{Request, Response};
 
 use super::answer::{settle, FairReplies, Reported};
 use super::share::{FairDecision, Share};
+use crate::core::finish::Finish;
+use crate::core::machine::{Decide, Next};
 use crate::error::StoreError;
-use crate::future::{Decide, Next};
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;
-use crate::response::{Finish, RateLimitBody};
+use crate::response::RateLimitBody;
 use crate::store::StoreFuture;
 
 /// A decision coming from a network store.

@@ -10,12 +10,12 @@ use super::memory::MemoryFair;
 use super::service::{Shares, Sharing};
 use super::share::{Pool, Share};
 use super::store::sealed::Attach;
+use crate::core::gate::CommonOptions;
+use crate::core::gate::Gated;
+use crate::core::service::layer_of;
 use crate::error::ConfigError;
-use crate::gate::CommonOptions;
-use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor, RequestHead};
 use crate::quota::Quota;
-use crate::service::layer_of;
 
 /// Shares a pool among the keys of `key` (HTB-style fair sharing with borrowing):
 /// `.layer(FairLimitLayer::builder(..).share(..).build()?)` on an axum `Router`, a route,
@@ -105,7 +105,10 @@ impl<X> FairLimitBuilder<X> {
         self
     }
 
-    crate::gate::common_setters!("fair", ", without braces (it is the pool's Redis hash tag)");
+    crate::core::gate::common_setters!(
+        "fair",
+        ", without braces (it is the pool's Redis hash tag)"
+    );
 
     /// How long a key counts as asking for its share after it last asked: at most until
     /// the end of the next activity period of this length (default 1 s; whole microseconds

@@ -13,11 +13,12 @@ use super::store::{
 };
 use crate::clock::Clock;
 use crate::error::{ConfigError, StoreError};
+use crate::key::KeyBytes;
 use crate::redis::{
     push_sha1_hex, store_prefix, Breaker, BreakerState, Claim, Common, OwnClock, RedisBuilder,
     RedisConnection,
 };
-use crate::store::{KeyBytes, StoreFuture};
+use crate::store::StoreFuture;
 
 static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis.lua")));
 

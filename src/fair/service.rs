@@ -8,7 +8,7 @@ use super::answer::{settle, FairReplies, Reported};
 use super::future::Deciding;
 use super::share::{Pool, Share};
 use super::store::FairStore;
-use crate::gate::{Decided, Part};
+use crate::core::gate::{Decided, Part};
 use crate::key::RequestHead;
 use crate::options::OnStoreError;
 use crate::quota::Quota;

@@ -9,8 +9,8 @@ use http::StatusCode;
 
 use crate::deadline::Deadline;
 use crate::error::{BoxError, RateLimited, StoreError};
-use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 use crate::policy::Policy;
+use crate::ratelimit::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 
 /// How the generic layer answers: a refusal is an error, an admission carries nothing.
 /// Reads a request's deadline with the function its builder was given, if any.

@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 
 use tower_service::Service;
 
-use crate::{error::BoxError, future::ResponseFuture};
+use crate::{core::machine::ResponseFuture, error::BoxError};
 
 impl<S, Req> Future for ResponseFuture<S, Req, BoxError, ()>
 where

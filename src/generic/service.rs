@@ -7,12 +7,12 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::answer::Generic;
+use crate::core::machine::{Machine, ResponseFuture};
+use crate::core::service::Limited;
 use crate::cost::Cost;
 use crate::error::BoxError;
-use crate::future::{Machine, ResponseFuture};
 use crate::key::KeyExtractor;
-use crate::limiter::Limiter;
-use crate::service::Limited;
+use crate::ratelimit::limiter::Limiter;
 use crate::store::Store;
 
 /// The generic rate-limit service: a refusal is an error.

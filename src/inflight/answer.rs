@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::store::{Acquired, Permit};
-use crate::gate::{store_failed, Verdict, Wording};
+use crate::core::gate::{store_failed, Verdict, Wording};
 use crate::observe::{Counted, InFlightMetrics};
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;

@@ -9,7 +9,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::store::Permit;
-use crate::response::{OwnBody, RateLimitBody};
+use crate::core::finish::OwnBody;
+use crate::response::RateLimitBody;
 
 pin_project! {
     /// The response body of the in-flight layer's service: the inner service's

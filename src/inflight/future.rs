@@ -14,9 +14,10 @@ use tokio::time::Instant;
 use super::answer::{late, settle, InFlightReplies, Slot};
 use super::body::InFlightBody;
 use super::store::{Acquired, Acquiring};
-use crate::future::{Decide, Next};
+use crate::core::finish::Finish;
+use crate::core::machine::{Decide, Next};
 use crate::options::OnStoreError;
-use crate::response::{Finish, OwnAnswer};
+use crate::response::OwnAnswer;
 
 /// A request waiting for its slot (in a queue, or for a network store).
 // Public only as a parameter of the unnameable response future; never seen by users.

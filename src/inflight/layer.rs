@@ -9,12 +9,12 @@ use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
 use super::service::Slots;
 use super::store::{sealed::Attach, Limits};
+use crate::core::gate::CommonOptions;
+use crate::core::gate::Gated;
+use crate::core::service::layer_of;
 use crate::deadline::DeadlineSources;
 use crate::error::ConfigError;
-use crate::gate::CommonOptions;
-use crate::gate::Gated;
 use crate::key::{Global, KeyExtractor};
-use crate::service::layer_of;
 use crate::setters::setters;
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
@@ -129,7 +129,7 @@ impl<X> InFlightLimitBuilder<X> {
         deadline_header(name: &str) => deadline_header = Some(name.to_owned());
     }
 
-    crate::gate::common_setters!("inflight", "");
+    crate::core::gate::common_setters!("inflight", "");
 
     /// Builds the layer with the in-memory store. Refuses a label that cannot be sent in
     /// a header.

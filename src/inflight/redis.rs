@@ -24,12 +24,12 @@ use super::store::Limits;
 use super::store::Permit;
 use super::store::Release;
 use crate::error::{ConfigError, StoreError};
+use crate::key::KeyBytes;
 use crate::observe::outage;
 use crate::observe::OncePerSecond;
 use crate::redis::{
     within, Breaker, BreakerState, Claim, Common, KeyNames, RedisBuilder, RedisConnection,
 };
-use crate::store::KeyBytes;
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
 /// ARGV: max, TTL in ms, lease id. Replies `{admitted, leases held}`.

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::answer::{settle, InFlightReplies, Slot};
 use super::future::Waiting;
 use super::store::{Attempt, InFlightStore, Limits};
+use crate::core::gate::{Decided, Part};
 use crate::deadline::DeadlineSources;
-use crate::gate::{Decided, Part};
 use crate::options::OnStoreError;
 
 /// The in-flight layer's own state: its store, its limits and its answers.

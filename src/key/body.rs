@@ -16,8 +16,9 @@ use http::{header::CONTENT_TYPE, HeaderMap, Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::KeyBytes;
 use super::KeyExtractor;
-use crate::{error::BoxError, response::plain, store::KeyBytes};
+use crate::{error::BoxError, response::plain};
 
 /// The value of a request body's field, put into the request's extensions by
 /// [`BodyFieldLayer`]: a JSON string as it is, a JSON number or boolean as its JSON text,

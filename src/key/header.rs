@@ -146,7 +146,7 @@ impl fmt::Debug for HeaderBytes {
     }
 }
 
-impl crate::store::KeyBytes for HeaderBytes {
+impl super::KeyBytes for HeaderBytes {
     fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }

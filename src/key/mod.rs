@@ -1,5 +1,6 @@
 #![doc = include_str!("../docs/keys.md")]
 
+mod bytes;
 pub(crate) mod cidr;
 mod client_ip;
 mod composite;
@@ -18,6 +19,7 @@ mod claim;
 
 #[cfg(feature = "json")]
 pub use self::body::{BodyField, BodyFieldKey, BodyFieldLayer};
+pub use self::bytes::KeyBytes;
 #[cfg(feature = "jwt")]
 pub use self::claim::{jwt, BearerClaim};
 pub use self::client_ip::{ClientIp, ForwardedHeader};

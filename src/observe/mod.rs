@@ -25,6 +25,7 @@ use crate::decision::{Decision, Source};
 use crate::error::StoreError;
 use crate::key::KeyExtractor;
 use crate::options::{MissingKey, OnStoreError};
+use crate::response::ms_up;
 
 /// A layer's observer: its label and its rate of warnings.
 #[derive(Debug)]
@@ -41,7 +42,7 @@ pub(crate) struct Observe {
 }
 
 /// An outage event: `WARN` for the first of each second counted by `$once` (a
-/// [`OncePerSecond`](crate::limiter::OncePerSecond) of the layer or store), `DEBUG` for the
+/// [`OncePerSecond`](crate::ratelimit::limiter::OncePerSecond) of the layer or store), `DEBUG` for the
 /// others, so that an outage does not log every request.
 macro_rules! outage {
     ($once:expr, $target:literal, $($event:tt)+) => {
@@ -73,12 +74,6 @@ pub(crate) fn unix_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// A wait in whole milliseconds, rounded up: what events say in `retry_after_ms`, as the
-/// problem bodies do.
-pub(crate) fn ms_up(wait: std::time::Duration) -> u64 {
-    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 fn policy_label(name: Option<&str>) -> &str {

@@ -1,6 +1,6 @@
 //! Exemptions and deny lists of the HTTP layer: requests skipped by a predicate, and
 //! client addresses allowed (never limited) or denied (`403`). Lists of keys live in the
-//! core ([`KeyList`](crate::limiter::KeyList)), since every layer has keys.
+//! core ([`KeyList`](crate::ratelimit::limiter::KeyList)), since every layer has keys.
 
 use std::{fmt, net::IpAddr, sync::Arc};
 
@@ -8,7 +8,7 @@ use http::Request;
 
 use crate::error::ConfigError;
 use crate::key::{cidr::Cidr, peer_ip::peer_addr, ClientIp, RequestHead};
-use crate::limiter::Screen;
+use crate::ratelimit::limiter::Screen;
 
 /// A predicate for requests the layer never limits.
 pub(crate) type Skip = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;

@@ -11,8 +11,8 @@ use crate::deadline::DeadlineSources;
 use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::RequestHead;
-use crate::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 use crate::policy::{choose::Chooser, Policy, PolicySet};
+use crate::ratelimit::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
 use crate::response::OwnResponse;
 use crate::response::{
     grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule,

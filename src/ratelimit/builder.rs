@@ -7,10 +7,10 @@ use std::{fmt, sync::Arc};
 use super::answer::Http;
 use crate::algorithm::Limit;
 use crate::error::ConfigError;
-use crate::limiter::{Limiter, Prepare, Settings};
 use crate::options::{MissingKey, OnStoreError};
 use crate::policy::{IntoPolicy, PolicySet};
 use crate::quota::Quota;
+use crate::ratelimit::limiter::{Limiter, Prepare, Settings};
 use crate::setters::setters;
 use crate::store::Store;
 

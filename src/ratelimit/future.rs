@@ -3,7 +3,8 @@
 
 use http::Response;
 
-use crate::response::{Finish, RateLimitBody, ResponseHead, ResponseHeaders};
+use crate::core::finish::Finish;
+use crate::response::{RateLimitBody, ResponseHead, ResponseHeaders};
 
 impl Finish for ResponseHeaders {
     type Body<B> = RateLimitBody<B>;

@@ -9,16 +9,16 @@ use super::{answer::Http, builder::Builder};
 use crate::cost::UnitCost;
 use crate::decision::Decision;
 use crate::key::{Global, KeyExtractor};
-use crate::limiter::Limiter;
 use crate::policy::PolicySet;
+use crate::ratelimit::limiter::Limiter;
 use crate::store::{MemoryStore, Store, StoreFuture};
 
 /// Writes what the HTTP and the generic rate-limit layers share: `Clone` and `Layer`
 /// (see [`layer_of`]), `Debug`, and the accessors to the store and the policies.
 macro_rules! rate_limit_layer {
     ($layer:ident, $flavour:ty, $name:literal) => {
-        $crate::service::layer_of!($layer<X, St, C> {
-            limiter: $crate::limiter::Limiter<X, St, C, $flavour>
+        $crate::core::service::layer_of!($layer<X, St, C> {
+            limiter: $crate::ratelimit::limiter::Limiter<X, St, C, $flavour>
         });
 
         impl<X: std::fmt::Debug, St, C> std::fmt::Debug for $layer<X, St, C> {

@@ -22,10 +22,13 @@
 mod access;
 mod answer;
 mod builder;
+mod flavour;
 mod future;
 mod http_builder;
 mod layer;
+pub(crate) mod limiter;
 mod service;
+mod settings;
 
 pub use self::answer::DecisionEvent;
 pub use self::builder::Builder;

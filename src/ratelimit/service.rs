@@ -10,13 +10,13 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::answer::Http;
+use crate::core::machine::{Machine, ResponseFuture};
+use crate::core::service::Limited;
 use crate::cost::Cost;
-use crate::future::{Machine, ResponseFuture};
 use crate::key::KeyExtractor;
-use crate::limiter::Limiter;
+use crate::ratelimit::limiter::Limiter;
 use crate::response::OwnResponse;
 use crate::response::{RateLimitBody, ResponseHeaders};
-use crate::service::Limited;
 use crate::store::Store;
 
 /// The HTTP rate-limit service: it keeps the inner service's error type and answers

@@ -41,12 +41,6 @@ impl<B> RateLimitBody<B> {
     }
 }
 
-impl<B> super::OwnBody for RateLimitBody<B> {
-    fn own(data: Bytes) -> Self {
-        RateLimitBody::full(data)
-    }
-}
-
 /// An empty body: what a layer outside the middleware that answers by itself builds
 /// (tower-http's `CorsLayer` for a preflight, its `TimeoutLayer` for a timeout).
 impl<B> Default for RateLimitBody<B> {

@@ -600,7 +600,7 @@ mod tests {
     /// general path writes: the same status, fields in the same order, the same body.
     #[test]
     fn denied_refusals_are_the_general_ones() {
-        use crate::{algorithm::Limit, clock::ManualClock, quota::Quota, store::MemoryStore};
+        use crate::{algorithm::Limit, quota::Quota};
         let long = "a-policy-name-long-enough-that-its-items-do-not-fit-together";
         for (limit, name) in [
             (Limit::token_bucket(Quota::per_minute(1).unwrap()), "m"),
@@ -608,9 +608,9 @@ mod tests {
             (Limit::token_bucket(Quota::per_day(2).unwrap()), long),
         ] {
             let policy = Policy::new(limit.unwrap().named(name).unwrap());
-            let store = MemoryStore::new(policy.clone()).with_clock(ManualClock::new());
-            while store.check(&1, 1).is_allowed() {}
-            let d = store.check(&1, 1);
+            let mut state = [0u64; 16];
+            while policy.decide(&mut state, 0, 1).is_allowed() {}
+            let d = policy.decide(&mut state, 0, 1);
             let fields = Fields::new(&policy);
             let a = Answers::default();
             let fast = fields.refusal(&a, &d, 0);

@@ -1,7 +1,6 @@
 #![doc = include_str!("../docs/responses.md")]
 
 mod body;
-mod finish;
 mod format;
 pub(crate) mod grpc;
 mod head;
@@ -10,7 +9,6 @@ mod settle;
 mod values;
 
 pub use body::RateLimitBody;
-pub(crate) use finish::{Finish, OwnBody};
 pub(crate) use format::problem_body;
 pub use format::refusal;
 pub(crate) use format::Answers;
@@ -34,7 +32,8 @@ pub(crate) type OwnAnswer = Box<http::Response<bytes::Bytes>>;
 /// layer's hot path under a flood, and a box would cost it an allocation, its free and a
 /// copy.
 pub(crate) type OwnResponse = http::Response<bytes::Bytes>;
-pub(crate) use settle::{Pending, SettleRule};
+pub(crate) use settle::{Pending, SettleRule, Settlement};
+pub(crate) use values::ms_up;
 pub(crate) use values::prefixed_value;
 pub(crate) use values::rate_limit_item;
 pub(crate) use values::retry_after_secs;

@@ -4,7 +4,6 @@
 use std::{fmt, sync::Arc};
 
 use super::ResponseHead;
-use crate::limiter::Settlement;
 
 /// How the HTTP layer settles a cost from a response: the real cost, given the response
 /// and the reserved cost.
@@ -29,5 +28,21 @@ impl Pending {
     pub(crate) fn settle(self, response: &ResponseHead<'_>) {
         let actual = (self.rule)(response, self.settlement.reserved);
         self.settlement.settle(actual);
+    }
+}
+
+/// The cost of an admitted request still to be settled from its response: call it with
+/// the real cost; dropped, the reserved cost stays charged.
+pub(crate) struct Settlement {
+    /// The units charged when the request was admitted.
+    pub(crate) reserved: u64,
+    pub(crate) settle: Box<dyn FnOnce(u64) + Send>,
+}
+
+impl Settlement {
+    /// Charges or refunds the difference between `actual` and the reserved cost (and
+    /// bans the key when the layer bans and this counted request exhausted its limit).
+    pub(crate) fn settle(self, actual: u64) {
+        (self.settle)(actual);
     }
 }

@@ -8,8 +8,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderValue;
 
-use crate::observe::ms_up;
-
 /// "10" to "99" back to back: `Retry-After` values below 100 are slices of static text, so
 /// they cost no allocation.
 const TWO_DIGITS: &str = "101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
@@ -354,4 +352,10 @@ impl Exact {
 
 pub(super) fn push_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+}
+
+/// A wait in whole milliseconds, rounded up: what events say in `retry_after_ms`, as the
+/// problem bodies do.
+pub(crate) fn ms_up(wait: std::time::Duration) -> u64 {
+    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

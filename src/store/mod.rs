@@ -3,7 +3,6 @@
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
-mod key_bytes;
 pub(crate) mod map;
 mod memory;
 #[cfg(feature = "redis")]
@@ -28,8 +27,8 @@ pub use self::redis::RedisBuilder;
 pub use self::redis::RedisConnection;
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
+pub use crate::key::KeyBytes;
 pub use crate::options::OnStoreError;
-pub use key_bytes::KeyBytes;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub(crate) use memory::DEFAULT_MAX_BYTES;

@@ -12,9 +12,10 @@ use super::script::{self, Mode};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::{ConfigError, StoreError};
+use crate::key::KeyBytes;
 use crate::policy::{Policy, PolicySet};
 use crate::redis::{policies_claim, Claim, RedisBuilder, RedisConnection};
-use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
+use crate::store::{CheckFuture, Store, StoreFuture};
 
 /// A store that decides from per-instance state and reconciles it with Redis in the
 /// background: Redis is off the request path. See the [module docs](super).

@@ -12,13 +12,14 @@ use super::send::{self, Batcher};
 use crate::clock::Clock;
 use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
+use crate::key::KeyBytes;
 use crate::observe::StoreMetrics;
 use crate::policy::{Policy, PolicySet};
 use crate::redis::{
     current_budget, policies_claim, within, Breaker, BreakerState, Budget, Claim, Fleet, KeyNames,
     RedisConnection,
 };
-use crate::store::{CheckFuture, KeyBytes, Store, StoreFuture};
+use crate::store::{CheckFuture, Store, StoreFuture};
 
 /// The shared store: every instance decides through one Lua script on Redis, so a limit
 /// holds across the fleet. Cheap to clone. See the [module docs](super).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 /// material); the encoding itself never loses information.
 ///
 /// ```
-/// use tollgate::store::KeyBytes;
+/// use tollgate::key::KeyBytes;
 ///
 /// let mut out = Vec::new();
 /// ("a,b", 7u32, Some("x")).write_key(&mut out);

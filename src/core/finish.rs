@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{OwnAnswer, OwnResponse};
-use crate::future::{Decide, ResponseFuture};
+use super::machine::{Decide, ResponseFuture};
+use crate::response::{OwnAnswer, OwnResponse, RateLimitBody};
 
 /// What an admitted request's response gets from its layer: `Self` is what the decision
 /// left for the response (its fields, a slot), `Body` the body the layer answers with.
@@ -30,6 +30,12 @@ pub trait Finish: Sized {
 pub trait OwnBody {
     /// The body of an answer of the layer's own.
     fn own(data: Bytes) -> Self;
+}
+
+impl<B> OwnBody for RateLimitBody<B> {
+    fn own(data: Bytes) -> Self {
+        RateLimitBody::full(data)
+    }
 }
 
 /// A layer's own answer as a future holds it: boxed ([`OwnAnswer`]: the layers whose

@@ -35,10 +35,10 @@ macro_rules! layer_of {
         }
 
         impl<S, $($p),+> tower_layer::Layer<S> for $layer<$($p),+> {
-            type Service = $crate::service::Limited<S, $state>;
+            type Service = $crate::core::service::Limited<S, $state>;
 
             fn layer(&self, inner: S) -> Self::Service {
-                $crate::service::Limited::new(inner, &self.$field)
+                $crate::core::service::Limited::new(inner, &self.$field)
             }
         }
     };

@@ -9,9 +9,6 @@
 //! response future) goes to `answered` (a failed store's answer under `OnStoreError`) and
 //! `respond`, which observes and counts the decision and hands it to the flavour.
 
-mod flavour;
-mod settings;
-
 use std::{
     fmt,
     hash::Hash,
@@ -24,12 +21,12 @@ use std::{
 
 use arc_swap::ArcSwap;
 
-pub(crate) use self::flavour::{Flavour, Prepare, Screen, Settlement, Verdict};
-pub(crate) use self::settings::Settings;
+pub(crate) use super::flavour::{Flavour, Prepare, Screen, Settlement, Verdict};
+pub(crate) use super::settings::Settings;
+use crate::core::machine::{Begin, Continuation, Next, RefundGuard};
 use crate::cost::Cost;
 use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
-use crate::future::{Begin, Continuation, Next, RefundGuard};
 use crate::key::KeyExtractor;
 use crate::observe::KeylessWarning;
 use crate::observe::{key_hash, Observe, PolicyMetrics};

@@ -6,6 +6,7 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::policy::choose::{Chooser, RequestSelect};
 use crate::policy::{Policy, PolicySet};
+pub(crate) use crate::response::Settlement;
 
 /// What a layer prepares for each policy when a set is installed (the HTTP layer's
 /// formatted header values), so that no request formats them.
@@ -103,20 +104,4 @@ pub(crate) enum Screen {
     Exempt,
     /// Refused (`403` on HTTP).
     Deny,
-}
-
-/// The cost of an admitted request still to be settled from its response: call it with
-/// the real cost; dropped, the reserved cost stays charged.
-pub(crate) struct Settlement {
-    /// The units charged when the request was admitted.
-    pub(crate) reserved: u64,
-    pub(super) settle: Box<dyn FnOnce(u64) + Send>,
-}
-
-impl Settlement {
-    /// Charges or refunds the difference between `actual` and the reserved cost (and
-    /// bans the key when the layer bans and this counted request exhausted its limit).
-    pub(crate) fn settle(self, actual: u64) {
-        (self.settle)(actual);
-    }
 }

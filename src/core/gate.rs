@@ -12,21 +12,22 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tower_service::Service;
 
+use super::finish::Finish;
+use crate::core::machine::{take_ready, Decide, Machine, ResponseFuture};
+use crate::core::service::Limited;
 use crate::error::ConfigError;
-use crate::future::{take_ready, Decide, Machine, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::observe::KeylessWarning;
 use crate::options::{MissingKey, OnStoreError};
-use crate::response::{grpc, own_answer, Finish, OwnAnswer};
-use crate::service::Limited;
+use crate::response::{grpc, own_answer, OwnAnswer};
 
 /// What the layer makes of a request: the inner service is called, the response getting
 /// the fields `H` (`Ok`; `None`: the request went through unlimited), or an answer of the
-/// layer's own (`Err`). See [`Machine::now`](crate::future::Machine::now).
+/// layer's own (`Err`). See [`Machine::now`](crate::core::machine::Machine::now).
 pub(crate) type Verdict<H> = Result<Option<H>, OwnAnswer>;
 
 /// What the store made of a request: decided at once, or a decision to come (a
-/// [`Decide`](crate::future::Decide)).
+/// [`Decide`](crate::core::machine::Decide)).
 // Public in a private module: a `Part`'s answer; users never name it.
 #[allow(missing_debug_implementations)]
 pub enum Decided<H, D> {
