@@ -5,9 +5,8 @@
 //! so the common path stays small, `Slow`: a decision to come (a [`Decide`]: a network
 //! store's answer, or an in-flight slot a queued request waits for), a queued request
 //! sleeping until its turn, or the inner service being made ready again after either.
-//! A layer enters through [`Machine::start`] (the rate limits, with the core's [`Begin`])
-//! or [`Machine::now`] and [`Machine::later`] (the layers that decide themselves), and
-//! reads the end through [`Machine::poll_machine`].
+//! The core makes it from a layer's [`Begin`] ([`Machine::start`]); a layer's response
+//! future reads its end through [`Machine::poll_machine`].
 //! Every transition moves the state's values out (`project_replace`), so no state holds
 //! half of its data; a future polled after it completed, or after a panic in the inner
 //! service interrupted a transition, panics with a message instead of hanging.
@@ -56,13 +55,13 @@ impl Drop for RefundGuard {
     }
 }
 
-/// How a request starts.
-pub(crate) enum Begin<Req, O, H> {
+/// How a request starts, as its layer decided it.
+pub(crate) enum Begin<O, H, D> {
     /// Decided: refuse, or proceed (perhaps after a wait).
     Now(Next<O, H>),
-    /// The store answers later.
-    Later(CheckFuture, Continuation<Req, O, H>),
-    /// No limit applies (a keyless request under `MissingKey::Allow`).
+    /// Decided later (a [`Decide`]: a network store's answer, a slot to wait for).
+    Later(D),
+    /// No limit applies (exempt, or a keyless request under `MissingKey::Allow`).
     Unlimited,
 }
 
@@ -111,11 +110,10 @@ pub(crate) trait Decide<Req, O, H> {
 }
 
 /// The rate limits' decision to come: the store's check, and what its answer means.
-// Public only as a parameter of the unnameable response future; never seen by users.
 #[allow(missing_debug_implementations)]
-pub struct Check<Req, O, H> {
-    check: CheckFuture,
-    then: Continuation<Req, O, H>,
+pub(crate) struct Check<Req, O, H> {
+    pub(crate) check: CheckFuture,
+    pub(crate) then: Continuation<Req, O, H>,
 }
 
 impl<Req, O, H> Decide<Req, O, H> for Check<Req, O, H> {
@@ -274,65 +272,35 @@ where
     }
 }
 
-impl<S, Req, O, H> Machine<S, Req, S::Future, O, H>
+impl<S, Req, O, H, D> Machine<S, Req, S::Future, O, H, D>
 where
     S: Service<Req>,
 {
-    /// A rate limit's response future for `begin`'s answer, `wrap` making it from the
-    /// state: refused, called at once, queued, or waiting for the store. Inlined into
-    /// `call`. A request called at once is returned from its own branch, so its inner
-    /// future is written once, into the caller's future, not into a state first.
+    /// The state for `begin`: refused, called at once, queued, or waiting for a decision.
+    /// Inlined into the service's `call`, so that a request called at once has its inner
+    /// future written once, into the caller's future.
     #[inline(always)]
-    pub(crate) fn start<T>(
-        begin: Begin<Req, O, H>,
-        inner: &mut S,
-        req: Req,
-        wrap: impl FnOnce(Self) -> T,
-    ) -> T
+    pub(crate) fn start(begin: Begin<O, H, D>, inner: &mut S, req: Req) -> Self
     where
         S: Clone,
     {
-        let machine = match begin {
+        match begin {
             // A zero wait has no refund to arm (only a queued request can be dropped
             // before its turn); matching it as `None` spares the guard's drop.
             Begin::Now(Next::Proceed {
                 wait,
                 extra,
                 refund: None,
-            }) if wait.is_zero() => {
-                return wrap(Machine::Calling {
-                    future: inner.call(req),
-                    extra,
-                })
-            }
-            Begin::Unlimited => {
-                return wrap(Machine::Calling {
-                    future: inner.call(req),
-                    extra: None,
-                })
-            }
-            Begin::Now(next) => Self::from_next(next, inner, req),
-            Begin::Later(check, then) => Self::later(Check { check, then }, take_ready(inner), req),
-        };
-        wrap(machine)
-    }
-}
-
-impl<S, Req, O, H, D> Machine<S, Req, S::Future, O, H, D>
-where
-    S: Service<Req>,
-{
-    /// The state for a decision made at once by a layer that decides itself (the rate
-    /// limits, which may also queue a request, come through `start`): the inner service
-    /// called now, adding `extra` to its response (`Ok`), or an answer (`Err`).
-    #[inline]
-    pub(crate) fn now(decided: Result<Option<H>, O>, inner: &mut S, req: Req) -> Self {
-        match decided {
-            Ok(extra) => Machine::Calling {
+            }) if wait.is_zero() => Machine::Calling {
                 future: inner.call(req),
                 extra,
             },
-            Err(out) => Machine::Refused { out },
+            Begin::Unlimited => Machine::Calling {
+                future: inner.call(req),
+                extra: None,
+            },
+            Begin::Now(next) => Self::from_next(next, inner, req),
+            Begin::Later(decide) => Self::later(decide, take_ready(inner), req),
         }
     }
 
@@ -444,26 +412,5 @@ impl<S, Req, F, O, H, D> fmt::Debug for Machine<S, Req, F, O, H, D> {
             Machine::Done => "Done",
         };
         f.write_str(state)
-    }
-}
-
-pin_project! {
-    /// A layer's response future: the state machine, its output made by the layer (each
-    /// layer's `future.rs` implements `Future` for its own kind of answers). No allocation
-    /// when the decision is made at once.
-    pub struct ResponseFuture<S, Req, O, H, D = Check<Req, O, H>>
-    where
-        S: Service<Req>,
-    {
-        #[pin]
-        pub(crate) machine: Machine<S, Req, S::Future, O, H, D>,
-    }
-}
-
-impl<S: Service<Req>, Req, O, H, D> fmt::Debug for ResponseFuture<S, Req, O, H, D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ResponseFuture")
-            .field(&self.machine)
-            .finish()
     }
 }

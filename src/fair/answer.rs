@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::share::{FairDecision, Share};
-use crate::core::gate::{store_failed, Verdict, Wording};
+use crate::core::{store_failed, Verdict, Wording};
 use crate::error::StoreError;
 use crate::observe::{outage, Bind, Count, OncePerSecond, RATE_LIMIT_REQUESTS};
 use crate::options::OnStoreError;
@@ -136,9 +136,8 @@ fn policy_value(label: &str, share: &Share) -> HeaderValue {
 }
 
 /// What an admitted request's response reports: its share and the decision.
-// Public only as a parameter of the unnameable response future; never seen by users.
 #[allow(missing_debug_implementations)]
-pub struct Reported {
+pub(crate) struct Reported {
     replies: Arc<FairReplies>,
     share: Share,
     decision: FairDecision,

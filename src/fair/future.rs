@@ -1,28 +1,64 @@
-//! The fair-sharing layer's response future: the one state machine of
-//! [`crate::future`], deciding later when a network store answers, and what an answer
-//! becomes (the inner response with the fields added, or the layer's own refusal).
+//! [`ResponseFuture`]: the fair-sharing layer's response future, deciding later when a
+//! network store answers, and what an answer becomes (the inner response with the fields
+//! added, or the layer's own refusal).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower_service::Service;
 
 use super::answer::{settle, FairReplies, Reported};
 use super::share::{FairDecision, Share};
-use crate::core::finish::Finish;
-use crate::core::machine::{Decide, Next};
+use crate::core::{poll_http, Decide, Finish, Machine, Next};
 use crate::error::StoreError;
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;
 use crate::response::RateLimitBody;
 use crate::store::StoreFuture;
 
+pin_project! {
+    /// The response future of [`FairLimit`](super::FairLimit): the inner service's
+    /// response with the fields added, or the layer's refusal. No allocation when the
+    /// store decides at once.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        pub(crate) machine: Machine<S, Request<B>, S::Future, OwnAnswer, Reported, Deciding>,
+    }
+}
+
+impl<S: Service<Request<B>>, B> std::fmt::Debug for ResponseFuture<S, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ResponseFuture")
+            .field(&self.machine)
+            .finish()
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    type Output = Result<Response<RateLimitBody<ResBody>>, S::Error>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        poll_http(self.project().machine, cx)
+    }
+}
+
 /// A decision coming from a network store.
-// Public only as a parameter of the unnameable response future; never seen by users.
 #[allow(missing_debug_implementations)]
-pub struct Deciding {
+pub(crate) struct Deciding {
     pub(crate) deciding: StoreFuture<FairDecision>,
     pub(crate) replies: Arc<FairReplies>,
     pub(crate) share: Share,

@@ -5,16 +5,17 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use http::Request;
 
+use tower_layer::Layer;
+
 use super::answer::{FairReplies, WORDING};
 use super::memory::MemoryFair;
-use super::service::{Shares, Sharing};
+use super::service::{FairLimit, Shares, Sharing};
 use super::share::{Pool, Share};
 use super::store::sealed::Attach;
-use crate::core::gate::CommonOptions;
-use crate::core::gate::Gated;
-use crate::core::service::layer_of;
+use crate::core::{CommonOptions, Core};
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor, RequestHead};
+use crate::options::{MissingKey, OnStoreError};
 use crate::quota::Quota;
 
 /// Shares a pool among the keys of `key` (HTB-style fair sharing with borrowing):
@@ -23,16 +24,30 @@ use crate::quota::Quota;
 ///
 /// One layer value is one pool: every service it makes and every clone shares it.
 pub struct FairLimitLayer<X = Global, St = MemoryFair<()>> {
-    shared: Arc<Gated<X, Sharing<St>>>,
+    core: Arc<Core<X, Sharing<St>>>,
 }
 
-layer_of!(FairLimitLayer<X, St> { shared: Gated<X, Sharing<St>> });
+impl<X, St> Clone for FairLimitLayer<X, St> {
+    fn clone(&self) -> Self {
+        FairLimitLayer {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<S, X, St> Layer<S> for FairLimitLayer<X, St> {
+    type Service = FairLimit<S, X, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FairLimit::new(inner, &self.core)
+    }
+}
 
 impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for FairLimitLayer<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.shared;
+        let s = &self.core;
         f.debug_struct("FairLimitLayer")
-            .field("key", &s.common.key)
+            .field("key", &s.key)
             .field("pool", &s.part.pool_quota)
             .field("label", &s.common.label)
             .field("store", &s.part.store)
@@ -46,7 +61,8 @@ impl FairLimitLayer {
     /// [`share`](FairLimitBuilder::share), then build.
     pub fn builder<X>(key: X, pool: Quota) -> FairLimitBuilder<X> {
         FairLimitBuilder {
-            common: CommonOptions::new(key, "fair"),
+            key,
+            common: CommonOptions::new("fair"),
             pool,
             shares: None,
             period: Duration::from_secs(1),
@@ -57,7 +73,8 @@ impl FairLimitLayer {
 /// Builds a [`FairLimitLayer`]. Made by [`FairLimitLayer::builder`].
 #[must_use]
 pub struct FairLimitBuilder<X> {
-    common: CommonOptions<X>,
+    key: X,
+    common: CommonOptions,
     pool: Quota,
     shares: Option<Shares>,
     period: Duration,
@@ -66,7 +83,7 @@ pub struct FairLimitBuilder<X> {
 impl<X: fmt::Debug> fmt::Debug for FairLimitBuilder<X> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FairLimitBuilder")
-            .field("key", &self.common.key)
+            .field("key", &self.key)
             .field("pool", &self.pool)
             .field("label", &self.common.label)
             .finish_non_exhaustive()
@@ -105,10 +122,27 @@ impl<X> FairLimitBuilder<X> {
         self
     }
 
-    crate::core::gate::common_setters!(
-        "fair",
-        ", without braces (it is the pool's Redis hash tag)"
-    );
+    /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem body's
+    /// `violated-policies`, the logs and the metrics. Default `fair`; printable ASCII,
+    /// without braces (it is the pool's Redis hash tag).
+    pub fn label(mut self, label: &str) -> Self {
+        self.common.label = label.into();
+        self
+    }
+
+    /// What to do with a request without a key (default [`MissingKey::Reject`] with `400`:
+    /// see [`MissingKey`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.common.missing = missing;
+        self
+    }
+
+    /// What to do when a shared store fails (default [`OnStoreError::FailOpen`]: the
+    /// request goes through unlimited). The memory stores never fail.
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.common.on_error = on_error;
+        self
+    }
 
     /// How long a key counts as asking for its share after it last asked: at most until
     /// the end of the next activity period of this length (default 1 s; whole microseconds
@@ -133,7 +167,6 @@ impl<X> FairLimitBuilder<X> {
     /// or `RedisFair` to share the pool across instances).
     pub fn build_with<St: Attach>(self, store: St) -> Result<FairLimitLayer<X, St>, ConfigError> {
         // Without braces: the label is the pool's Redis hash tag.
-        let on_error = self.common.on_error;
         let common = self.common.build(b"{}", &WORDING)?;
         let shares = self.shares.ok_or_else(|| {
             ConfigError::Fair("no share: call FairLimitBuilder::share or share_by".into())
@@ -146,7 +179,8 @@ impl<X> FairLimitBuilder<X> {
         };
         let replies = Arc::new(FairReplies::new(&common.label, one));
         Ok(FairLimitLayer {
-            shared: Arc::new(Gated {
+            core: Arc::new(Core {
+                key: self.key,
                 common,
                 part: Sharing {
                     store,
@@ -154,7 +188,6 @@ impl<X> FairLimitBuilder<X> {
                     pool_quota: self.pool,
                     shares,
                     replies,
-                    on_error,
                 },
             }),
         })

@@ -13,6 +13,7 @@ use super::store::{
 };
 use crate::clock::{Clock, TokioClock};
 use crate::store::map::{hash_of, Geometry, KeyHasher};
+use crate::store::Budget;
 use crate::store::{Digest, SipKeys, StoreFuture};
 
 /// The default memory budget of the keys' states.
@@ -240,7 +241,13 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     C: Clock,
 {
-    fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
+    fn decide(
+        &self,
+        key: Option<&K>,
+        pool: &Pool,
+        share: &Share,
+        _: Option<&Budget>,
+    ) -> StoreFuture<FairDecision> {
         StoreFuture::ready(Ok(self.decide_now(key, pool, share)))
     }
 }

@@ -10,9 +10,11 @@ mod service;
 mod share;
 mod store;
 
+pub use future::ResponseFuture;
 pub use layer::{FairLimitBuilder, FairLimitLayer};
 pub use memory::MemoryFair;
 #[cfg(feature = "redis")]
 pub use redis::RedisFair;
+pub use service::FairLimit;
 pub use share::Share;
 pub use store::FairStore;

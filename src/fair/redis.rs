@@ -18,7 +18,7 @@ use crate::redis::{
     push_sha1_hex, store_prefix, Breaker, BreakerState, Claim, Common, OwnClock, RedisBuilder,
     RedisConnection,
 };
-use crate::store::StoreFuture;
+use crate::store::{Budget, StoreFuture};
 
 static DECIDE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis.lua")));
 
@@ -113,7 +113,15 @@ impl RedisFair {
 }
 
 impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
-    fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
+    /// One script call, within what `budget` has left of the request's time for its
+    /// stores (nothing left: failed at once, without a call).
+    fn decide(
+        &self,
+        key: Option<&K>,
+        pool: &Pool,
+        share: &Share,
+        budget: Option<&Budget>,
+    ) -> StoreFuture<FairDecision> {
         let inner = &*self.inner;
         let mut pool_key = inner.prefix.clone();
         pool_key.extend_from_slice(pool.label.as_bytes());
@@ -144,7 +152,15 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
             args.push(OVERRIDE_SLACK_MS);
         }
         let inner = Arc::clone(&self.inner);
+        let budget = budget.cloned();
         StoreFuture::boxed(async move {
+            let deadline = budget
+                .as_ref()
+                .map_or(inner.deadline, |b| b.allow(inner.deadline));
+            if deadline.is_zero() {
+                return Err(StoreError::Timeout(inner.deadline));
+            }
+            let started = tokio::time::Instant::now();
             let args: Vec<Vec<u8>> = args
                 .iter()
                 .map(|a| itoa::Buffer::new().format(*a).as_bytes().to_vec())
@@ -155,11 +171,15 @@ impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisFair {
             let reply = inner
                 .breaker
                 .call(
-                    inner.deadline,
+                    deadline,
                     || inner.conn.eval_script(script, &keys, &args),
                     |_| {},
                 )
-                .await?;
+                .await;
+            if let Some(b) = &budget {
+                b.spend(started.elapsed());
+            }
+            let reply = reply?;
             match reply[..] {
                 [admitted, retry, remaining, reset, next]
                     if retry >= 0 && remaining >= 0 && reset >= 0 && next >= 0 =>

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::share::{FairDecision, Pool, Share};
 use crate::error::ConfigError;
-use crate::store::StoreFuture;
+use crate::store::{Budget, StoreFuture};
 
 /// Where a pool and its keys' states live: [`MemoryFair`](super::MemoryFair) (the
 /// default, one process) or, with the feature `redis`, `RedisFair` (shared by every
@@ -24,13 +24,19 @@ impl<S: sealed::Attach + ?Sized> sealed::Attach for Arc<S> {
 }
 
 impl<K, S: FairStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
-    fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision> {
-        (**self).decide(key, pool, share)
+    fn decide(
+        &self,
+        key: Option<&K>,
+        pool: &Pool,
+        share: &Share,
+        budget: Option<&Budget>,
+    ) -> StoreFuture<FairDecision> {
+        (**self).decide(key, pool, share, budget)
     }
 }
 
 pub(crate) mod sealed {
-    use super::{ConfigError, FairDecision, Pool, Share, StoreFuture};
+    use super::{Budget, ConfigError, FairDecision, Pool, Share, StoreFuture};
 
     /// What a layer tells its store when it is built on it.
     pub trait Attach {
@@ -45,7 +51,14 @@ pub(crate) mod sealed {
     /// The store's side of the layer's contract.
     pub trait Backend<K>: Send + Sync + 'static {
         /// Decides one request of `key` (`None`: the one state keyless requests share)
-        /// under `share` of `pool`, atomically over the pool and the key.
-        fn decide(&self, key: Option<&K>, pool: &Pool, share: &Share) -> StoreFuture<FairDecision>;
+        /// under `share` of `pool`, atomically over the pool and the key. A network store
+        /// waits at most what `budget` has left.
+        fn decide(
+            &self,
+            key: Option<&K>,
+            pool: &Pool,
+            share: &Share,
+            budget: Option<&Budget>,
+        ) -> StoreFuture<FairDecision>;
     }
 }

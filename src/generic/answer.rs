@@ -10,7 +10,7 @@ use http::StatusCode;
 use crate::deadline::Deadline;
 use crate::error::{BoxError, RateLimited, StoreError};
 use crate::policy::Policy;
-use crate::ratelimit::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
+use crate::ratelimit::limiter::{Flavour, Prepare, Settlement, Verdict};
 
 /// How the generic layer answers: a refusal is an error, an admission carries nothing.
 /// Reads a request's deadline with the function its builder was given, if any.
@@ -71,11 +71,6 @@ impl<Req: 'static> Flavour<Req> for Generic {
 
     fn denied(&self, _: &Req) -> BoxError {
         Box::new(RateLimited::denied())
-    }
-
-    #[inline]
-    fn screen(&self, _: &Req) -> Screen {
-        Screen::Limit
     }
 
     #[inline]

@@ -1,9 +1,12 @@
 //! The generic [`RateLimitLayer`], and the setters of [`Builder`] that are its own: `select`
 //! over the request, key lists of the key's type, and `build` for a request type.
 
-use std::sync::Arc;
+use std::{fmt, sync::Arc};
+
+use tower_layer::Layer;
 
 use super::answer::{Generic, RequestDeadline};
+use super::service::RateLimit;
 use crate::cost::UnitCost;
 use crate::deadline::Deadline;
 use crate::decision::Decision;
@@ -11,18 +14,41 @@ use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
 use crate::options::KeyList;
 use crate::policy::choose::{Chooser, RequestSelect};
-use crate::policy::PolicyName;
-use crate::ratelimit::limiter::Limiter;
-use crate::ratelimit::{rate_limit_layer, Builder};
-use crate::setters::setters;
+use crate::policy::{PolicyHandle, PolicyName, PolicySet};
+use crate::ratelimit::limiter::RateCore;
+use crate::ratelimit::Builder;
 use crate::store::{MemoryStore, Store, StoreFuture};
 
 /// The layer for any `tower::Service`. See the [module docs](super).
 pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost> {
-    pub(crate) limiter: Arc<Limiter<X, St, C, Generic>>,
+    pub(crate) core: Arc<RateCore<X, St, C, Generic>>,
 }
 
-rate_limit_layer!(RateLimitLayer, Generic, "generic::RateLimitLayer");
+impl<X, St, C> Clone for RateLimitLayer<X, St, C> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("generic::RateLimitLayer")
+            .field("key", &self.core.key)
+            .field("label", &self.core.common.label)
+            .field("limiter", &self.core.part)
+            .finish()
+    }
+}
+
+impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
+    type Service = RateLimit<S, X, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, &self.core)
+    }
+}
 
 impl RateLimitLayer {
     /// Starts a builder: one global limit, unit cost; pick a key with [`Builder::key`](crate::ratelimit::Builder::key) and
@@ -33,13 +59,35 @@ impl RateLimitLayer {
 }
 
 impl<X, St, C> RateLimitLayer<X, St, C> {
+    /// The store, for inspection (e.g.
+    /// [`MemoryStore::stats`](crate::store::MemoryStore::stats)).
+    pub fn store(&self) -> &St {
+        &self.core.part.store
+    }
+
+    /// The policies in force.
+    pub fn policies(&self) -> PolicySet {
+        self.core.part.policies()
+    }
+
+    /// A handle that swaps this layer's policies while requests flow. See
+    /// [`PolicyHandle`].
+    pub fn policy_handle(&self) -> PolicyHandle
+    where
+        X: Send + Sync + 'static,
+        St: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+    {
+        PolicyHandle::new(self.core.clone())
+    }
+
     /// Forgets `key`'s state in the layer's store, under every policy: its next request
     /// finds it fresh.
     pub fn reset<K>(&self, key: K) -> StoreFuture<()>
     where
         St: Store<Option<K>>,
     {
-        self.limiter.store.reset(&Some(key))
+        self.core.part.store.reset(&Some(key))
     }
 
     /// What `key` has left now, read without spending anything: the layer's fallback
@@ -49,8 +97,8 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
     where
         St: Store<Option<K>>,
     {
-        let set = self.limiter.policies();
-        self.limiter.store.preview(&Some(key), set.fallback(), 0)
+        let set = self.core.part.policies();
+        self.core.part.store.preview(&Some(key), set.fallback(), 0)
     }
 }
 
@@ -87,16 +135,24 @@ impl<X, C> Builder<X, C, Generic> {
         self
     }
 
-    setters! {
-        /// Never limits these keys (an internal caller's): the keys are of the type the
-        /// extractor returns; another type is reported by `build`.
-        allow_keys(keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>) =>
-            settings.allow_keys = Some(KeyList::new(keys));
+    /// Never limits these keys (an internal caller's): the keys are of the type the
+    /// extractor returns; another type is reported by `build`.
+    pub fn allow_keys(
+        mut self,
+        keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>,
+    ) -> Self {
+        self.settings.allow_keys = Some(KeyList::new(keys));
+        self
+    }
 
-        /// Refuses these keys with a [`RateLimited`](crate::generic::RateLimited) error whose
-        /// `is_denied()` is true. See [`allow_keys`](Builder::allow_keys).
-        deny_keys(keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>) =>
-            settings.deny_keys = Some(KeyList::new(keys));
+    /// Refuses these keys with a [`RateLimited`](crate::generic::RateLimited) error whose
+    /// `is_denied()` is true. See [`allow_keys`](Builder::allow_keys).
+    pub fn deny_keys(
+        mut self,
+        keys: impl IntoIterator<Item = impl std::hash::Hash + Eq + Send + Sync + 'static>,
+    ) -> Self {
+        self.settings.deny_keys = Some(KeyList::new(keys));
+        self
     }
 
     /// Builds the layer for requests of type `Req`, with the in-memory store (following
@@ -109,8 +165,8 @@ impl<X, C> Builder<X, C, Generic> {
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let limiter = self.limiter_in_memory::<X::Key>()?;
-        Ok(RateLimitLayer { limiter })
+        let core = self.core_in_memory::<X::Key>()?;
+        Ok(RateLimitLayer { core })
     }
 
     /// Builds the layer for requests of type `Req` on a store of your own. Without limits
@@ -121,7 +177,7 @@ impl<X, C> Builder<X, C, Generic> {
         St: Store<Option<X::Key>>,
         X::Key: 'static,
     {
-        let limiter = self.limiter_with::<X::Key, _>(store)?;
-        Ok(RateLimitLayer { limiter })
+        let core = self.core_with::<X::Key, _>(store)?;
+        Ok(RateLimitLayer { core })
     }
 }

@@ -5,6 +5,8 @@ mod future;
 mod layer;
 mod service;
 
+pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
+pub use self::service::RateLimit;
 
 pub use crate::error::RateLimited;

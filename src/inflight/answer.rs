@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use super::store::{Acquired, Permit};
-use crate::core::gate::{store_failed, Verdict, Wording};
+use crate::core::{store_failed, Verdict, Wording};
 use crate::observe::{Counted, InFlightMetrics};
 use crate::options::OnStoreError;
 use crate::response::OwnAnswer;
@@ -143,9 +143,8 @@ impl InFlightReplies {
 }
 
 /// What an admitted request carries to its response: its slot, and what its fields say.
-// Public only as a parameter of the unnameable response future; never seen by users.
 #[allow(missing_debug_implementations)]
-pub struct Slot {
+pub(crate) struct Slot {
     permit: Permit,
     replies: Arc<InFlightReplies>,
     remaining: u32,

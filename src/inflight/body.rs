@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::store::Permit;
-use crate::core::finish::OwnBody;
+use crate::core::OwnBody;
 use crate::response::RateLimitBody;
 
 pin_project! {

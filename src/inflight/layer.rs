@@ -5,17 +5,17 @@ use std::{fmt, hash::Hash, sync::Arc, time::Duration};
 
 use http::{HeaderName, Request};
 
+use tower_layer::Layer;
+
 use super::answer::{InFlightReplies, WORDING};
 use super::memory::MemoryInFlight;
-use super::service::Slots;
+use super::service::{InFlightLimit, Slots};
 use super::store::{sealed::Attach, Limits};
-use crate::core::gate::CommonOptions;
-use crate::core::gate::Gated;
-use crate::core::service::layer_of;
+use crate::core::{CommonOptions, Core};
 use crate::deadline::DeadlineSources;
 use crate::error::ConfigError;
 use crate::key::{Global, KeyExtractor};
-use crate::setters::setters;
+use crate::options::{MissingKey, OnStoreError};
 
 /// How long a queued request waits for a slot unless [`InFlightLimitBuilder::max_wait`]
 /// says otherwise.
@@ -29,16 +29,30 @@ const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 /// route, and clones services freely) shares the same counts. Type parameters: `X` the
 /// [`KeyExtractor`], `St` the [`InFlightStore`](super::InFlightStore).
 pub struct InFlightLimitLayer<X = Global, St = MemoryInFlight<()>> {
-    pub(crate) shared: Arc<Gated<X, Slots<St>>>,
+    pub(crate) core: Arc<Core<X, Slots<St>>>,
 }
 
-layer_of!(InFlightLimitLayer<X, St> { shared: Gated<X, Slots<St>> });
+impl<X, St> Clone for InFlightLimitLayer<X, St> {
+    fn clone(&self) -> Self {
+        InFlightLimitLayer {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<S, X, St> Layer<S> for InFlightLimitLayer<X, St> {
+    type Service = InFlightLimit<S, X, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        InFlightLimit::new(inner, &self.core)
+    }
+}
 
 impl<X: fmt::Debug, St: fmt::Debug> fmt::Debug for InFlightLimitLayer<X, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.shared;
+        let s = &self.core;
         f.debug_struct("InFlightLimitLayer")
-            .field("key", &s.common.key)
+            .field("key", &s.key)
             .field("max_in_flight", &s.part.limits.max)
             .field("queue", &s.part.limits.queue)
             .field("max_wait", &s.part.limits.max_wait)
@@ -82,7 +96,7 @@ impl InFlightLimitLayer {
 impl<X, St> InFlightLimitLayer<X, St> {
     /// The store, for inspection (e.g. [`MemoryInFlight::len`]).
     pub fn store(&self) -> &St {
-        &self.shared.part.store
+        &self.core.part.store
     }
 }
 
@@ -93,7 +107,8 @@ impl<X, St> InFlightLimitLayer<X, St> {
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct InFlightLimitBuilder<X> {
-    common: CommonOptions<X>,
+    key: X,
+    common: CommonOptions,
     limits: Limits,
     deadline_header: Option<String>,
 }
@@ -101,7 +116,8 @@ pub struct InFlightLimitBuilder<X> {
 impl<X> InFlightLimitBuilder<X> {
     fn new(key: X, max: u32) -> Self {
         InFlightLimitBuilder {
-            common: CommonOptions::new(key, "inflight"),
+            key,
+            common: CommonOptions::new("inflight"),
             limits: Limits {
                 max,
                 queue: 0,
@@ -111,25 +127,50 @@ impl<X> InFlightLimitBuilder<X> {
         }
     }
 
-    setters! {
-        /// Lets up to `len` requests of a key over its limit wait for a slot, first come
-        /// first served (default 0: refused at once). A waiting request whose future is
-        /// dropped (the client left, a timeout) leaves the queue.
-        queue(len: u32) => limits.queue;
-
-        /// The longest a queued request waits for a slot before it is refused (default
-        /// 10 s).
-        max_wait(wait: Duration) => limits.max_wait;
-
-        /// Also reads a request's deadline from `name`, the time its caller has left in
-        /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
-        /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
-        /// leaves the queue at its deadline, refused. A name that is not a header name is
-        /// reported by `build`.
-        deadline_header(name: &str) => deadline_header = Some(name.to_owned());
+    /// Lets up to `len` requests of a key over its limit wait for a slot, first come first
+    /// served (default 0: refused at once). A waiting request whose future is dropped (the
+    /// client left, a timeout) leaves the queue.
+    pub fn queue(mut self, len: u32) -> Self {
+        self.limits.queue = len;
+        self
     }
 
-    crate::core::gate::common_setters!("inflight", "");
+    /// The longest a queued request waits for a slot before it is refused (default 10 s).
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.limits.max_wait = wait;
+        self
+    }
+
+    /// Also reads a request's deadline from `name`, the time its caller has left in
+    /// milliseconds (besides `grpc-timeout`, `x-envoy-expected-rq-timeout-ms` and a
+    /// [`Deadline`](crate::Deadline) in the extensions, always read). A queued request
+    /// leaves the queue at its deadline, refused. A name that is not a header name is
+    /// reported by `build`.
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        self.deadline_header = Some(name.to_owned());
+        self
+    }
+
+    /// The limit's name: in the `RateLimit` / `RateLimit-Policy` items, the problem body's
+    /// `violated-policies`, the logs and the metrics. Default `inflight`; printable ASCII.
+    pub fn label(mut self, label: &str) -> Self {
+        self.common.label = label.into();
+        self
+    }
+
+    /// What to do with a request without a key (default [`MissingKey::Reject`] with `400`:
+    /// see [`MissingKey`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.common.missing = missing;
+        self
+    }
+
+    /// What to do when a shared store fails (default [`OnStoreError::FailOpen`]: the
+    /// request goes through unlimited). The memory stores never fail.
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.common.on_error = on_error;
+        self
+    }
 
     /// Builds the layer with the in-memory store. Refuses a label that cannot be sent in
     /// a header.
@@ -155,19 +196,18 @@ impl<X> InFlightLimitBuilder<X> {
                     .map_err(|_| ConfigError::InvalidHeaderName(name))?,
             ),
         };
-        let on_error = self.common.on_error;
         let common = self.common.build(b"", &WORDING)?;
         let replies = Arc::new(InFlightReplies::new(&common.label, self.limits.max));
         store.attach(&self.limits)?;
         Ok(InFlightLimitLayer {
-            shared: Arc::new(Gated {
+            core: Arc::new(Core {
+                key: self.key,
                 common,
                 part: Slots {
                     store,
                     limits: self.limits,
                     replies,
                     deadlines,
-                    on_error,
                 },
             }),
         })

@@ -22,6 +22,7 @@ use super::store::Limits;
 use super::store::Permit;
 use super::store::Release;
 use crate::store::map::{default_shards, hash_of, KeyHasher};
+use crate::store::Budget;
 
 /// The in-process store of an in-flight limit (the default): for each key with a request
 /// in flight, its count and the queue of requests waiting for a slot. A key's entry goes
@@ -360,7 +361,7 @@ impl<K: Send + 'static> Future for Wait<K> {
 }
 
 impl<K: Hash + Eq + Send + Sync + 'static> Backend<K> for MemoryInFlight<K> {
-    fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
+    fn acquire(&self, key: Option<K>, limits: &Limits, _: Option<&Budget>) -> Attempt {
         self.table.acquire(key, limits)
     }
 }
@@ -405,15 +406,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slot_goes_to_the_oldest_waiter_and_the_entry_goes_last() {
         let store = MemoryInFlight::<&str>::new();
-        let Acquired::Admitted { permit, remaining } = now(store.acquire(Some("k"), &LIMITS))
+        let Acquired::Admitted { permit, remaining } = now(store.acquire(Some("k"), &LIMITS, None))
         else {
             panic!("a free slot")
         };
         assert_eq!(remaining, 0);
-        let mut w1 = later(store.acquire(Some("k"), &LIMITS));
-        let mut w2 = later(store.acquire(Some("k"), &LIMITS));
+        let mut w1 = later(store.acquire(Some("k"), &LIMITS, None));
+        let mut w2 = later(store.acquire(Some("k"), &LIMITS, None));
         assert!(matches!(
-            now(store.acquire(Some("k"), &LIMITS)),
+            now(store.acquire(Some("k"), &LIMITS, None)),
             Acquired::Full
         ));
         assert!(pending(&mut w1).await && pending(&mut w2).await);
@@ -436,7 +437,7 @@ mod tests {
         let store = MemoryInFlight::<u32>::new();
         // Enough keys for every shard (at most 256) to pass 64 entries.
         let permits: Vec<_> = (0..100_000)
-            .map(|k| now(store.acquire(Some(k), &LIMITS)))
+            .map(|k| now(store.acquire(Some(k), &LIMITS, None)))
             .collect();
         assert_eq!(store.len(), 100_000);
         drop(permits);

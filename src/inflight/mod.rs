@@ -11,8 +11,10 @@ mod service;
 mod store;
 
 pub use body::InFlightBody;
+pub use future::ResponseFuture;
 pub use layer::{InFlightLimitBuilder, InFlightLimitLayer};
 pub use memory::MemoryInFlight;
 #[cfg(feature = "redis")]
 pub use redis::RedisInFlight;
+pub use service::InFlightLimit;
 pub use store::InFlightStore;

@@ -30,6 +30,7 @@ use crate::observe::OncePerSecond;
 use crate::redis::{
     within, Breaker, BreakerState, Claim, Common, KeyNames, RedisBuilder, RedisConnection,
 };
+use crate::store::Budget;
 
 /// Takes a lease when fewer than `max` live ones remain. KEYS[1]: the key's sorted set;
 /// ARGV: max, TTL in ms, lease id. Replies `{admitted, leases held}`.
@@ -217,12 +218,12 @@ impl RedisInFlight {
 }
 
 impl<K: KeyBytes + Send + Sync + 'static> Backend<K> for RedisInFlight {
-    fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
+    fn acquire(&self, key: Option<K>, limits: &Limits, budget: Option<&Budget>) -> Attempt {
         let rkey: Arc<[u8]> = self.leases.names.key(|out| key.write_key(out)).into();
-        let (leases, limits) = (Arc::clone(&self.leases), *limits);
-        Attempt::Later(Acquiring::new(
-            async move { leases.acquire(rkey, limits).await },
-        ))
+        let (leases, limits, budget) = (Arc::clone(&self.leases), *limits, budget.cloned());
+        Attempt::Later(Acquiring::new(async move {
+            leases.acquire(rkey, limits, budget).await
+        }))
     }
 }
 
@@ -308,19 +309,30 @@ fn random_u64() -> u64 {
 }
 
 impl Leases {
-    /// One script call under the breaker and the deadline.
+    /// One script call under the breaker and the store's deadline.
     async fn call(
         &self,
         script: &'static LazyLock<Script>,
         key: &[u8],
         args: &[&[u8]],
     ) -> Result<Vec<i64>, StoreError> {
+        self.call_within(script, key, args, self.deadline).await
+    }
+
+    /// One script call under the breaker and `deadline`.
+    async fn call_within(
+        &self,
+        script: &'static LazyLock<Script>,
+        key: &[u8],
+        args: &[&[u8]],
+        deadline: Duration,
+    ) -> Result<Vec<i64>, StoreError> {
         let script: &'static Script = script;
         let keys = [key];
         let result = self
             .breaker
             .call(
-                self.deadline,
+                deadline,
                 || self.conn.eval_script(script, &keys, args),
                 |_| {},
             )
@@ -341,14 +353,33 @@ impl Leases {
         format!("{}:{n:x}", self.instance).into_bytes().into()
     }
 
-    async fn acquire(self: Arc<Self>, key: Arc<[u8]>, limits: Limits) -> Acquired {
+    /// A slot for `key`: the first try within what `budget` has left of the request's
+    /// time for its stores (nothing left: failed at once, without a call); a queued
+    /// request's later tries each within the store's own deadline.
+    async fn acquire(
+        self: Arc<Self>,
+        key: Arc<[u8]>,
+        limits: Limits,
+        budget: Option<Budget>,
+    ) -> Acquired {
         if let Ok(h) = Handle::try_current() {
             self.runtime.get_or_init(|| h);
         }
         if limits.max == 0 {
             return Acquired::Full;
         }
-        match self.try_once(&key, limits.max).await {
+        let deadline = budget
+            .as_ref()
+            .map_or(self.deadline, |b| b.allow(self.deadline));
+        if deadline.is_zero() {
+            return Acquired::Failed(StoreError::Timeout(self.deadline));
+        }
+        let started = Instant::now();
+        let first = self.try_once(&key, limits.max, deadline).await;
+        if let Some(b) = &budget {
+            b.spend(started.elapsed());
+        }
+        match first {
             Ok(Some(admitted)) => return admitted,
             Ok(None) => {}
             Err(e) => return Acquired::Failed(e),
@@ -368,7 +399,7 @@ impl Leases {
             }
             tokio::time::sleep(backoff.min(until - now)).await;
             backoff = (backoff * 2).min(BACKOFF.1);
-            match self.try_once(&key, limits.max).await {
+            match self.try_once(&key, limits.max, self.deadline).await {
                 Ok(Some(admitted)) => return admitted,
                 Ok(None) => {}
                 Err(e) => return Acquired::Failed(e),
@@ -381,6 +412,7 @@ impl Leases {
         self: &Arc<Self>,
         key: &Arc<[u8]>,
         max: u32,
+        deadline: Duration,
     ) -> Result<Option<Acquired>, StoreError> {
         let id = self.next_id();
         // Until Redis answers, the lease may or may not exist: if this future is dropped
@@ -393,7 +425,7 @@ impl Leases {
         };
         let max_arg = itoa::Buffer::new().format(max).as_bytes().to_vec();
         let reply = self
-            .call(&ACQUIRE, key, &[&max_arg, &self.ttl_ms, &id])
+            .call_within(&ACQUIRE, key, &[&max_arg, &self.ttl_ms, &id], deadline)
             .await;
         // A call the open breaker refused never reached Redis: no lease to remove.
         unsure.armed = matches!(&reply, Err(e) if !matches!(e, StoreError::CircuitOpen));

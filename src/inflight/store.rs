@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::error::{ConfigError, StoreError};
 use crate::observe::Held;
+use crate::store::Budget;
 
 /// Where the in-flight counts live: [`MemoryInFlight`](super::MemoryInFlight) (the
 /// default, one process) or, with the feature `redis`, `RedisInFlight` (shared by every
@@ -29,13 +30,13 @@ impl<S: sealed::Attach + ?Sized> sealed::Attach for Arc<S> {
 }
 
 impl<K, S: InFlightStore<K> + ?Sized> sealed::Backend<K> for Arc<S> {
-    fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt {
-        (**self).acquire(key, limits)
+    fn acquire(&self, key: Option<K>, limits: &Limits, budget: Option<&Budget>) -> Attempt {
+        (**self).acquire(key, limits, budget)
     }
 }
 
 pub(crate) mod sealed {
-    use super::{Attempt, ConfigError, Limits};
+    use super::{Attempt, Budget, ConfigError, Limits};
 
     /// What a layer tells its store when it is built on it.
     pub trait Attach {
@@ -50,8 +51,9 @@ pub(crate) mod sealed {
     /// The store's side of the layer's contract.
     pub trait Backend<K>: Send + Sync + 'static {
         /// Tries to take a slot for `key` (`None`: the shared slot set of keyless
-        /// requests): at once, or after waiting in the key's queue.
-        fn acquire(&self, key: Option<K>, limits: &Limits) -> Attempt;
+        /// requests): at once, or after waiting in the key's queue. A network store's
+        /// first call waits at most what `budget` has left.
+        fn acquire(&self, key: Option<K>, limits: &Limits, budget: Option<&Budget>) -> Attempt;
     }
 }
 

@@ -1,6 +1,7 @@
 //! Exemptions and deny lists of the HTTP layer: requests skipped by a predicate, and
-//! client addresses allowed (never limited) or denied (`403`). Lists of keys live in the
-//! core ([`KeyList`](crate::ratelimit::limiter::KeyList)), since every layer has keys.
+//! client addresses allowed (never limited) or denied (`403`), screened by the service
+//! before the core reads the key. Lists of keys are the rate limits' part's
+//! ([`KeyList`](crate::options::KeyList)), since both rate layers have keys.
 
 use std::{fmt, net::IpAddr, sync::Arc};
 
@@ -8,7 +9,17 @@ use http::Request;
 
 use crate::error::ConfigError;
 use crate::key::{cidr::Cidr, peer_ip::peer_addr, ClientIp, RequestHead};
-use crate::ratelimit::limiter::Screen;
+
+/// What a layer's exemption and deny rules say of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Screen {
+    /// Limited as usual.
+    Limit,
+    /// Never limited: no state, no rate-limit fields.
+    Exempt,
+    /// Refused (`403` on HTTP).
+    Deny,
+}
 
 /// A predicate for requests the layer never limits.
 pub(crate) type Skip = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;

@@ -12,11 +12,12 @@ use crate::decision::Decision;
 use crate::error::StoreError;
 use crate::key::RequestHead;
 use crate::policy::{choose::Chooser, Policy, PolicySet};
-use crate::ratelimit::limiter::{Flavour, Prepare, Screen, Settlement, Verdict};
+use crate::ratelimit::limiter::{Flavour, Prepare, Settlement, Verdict};
 use crate::response::OwnResponse;
 use crate::response::{
     grpc, own_answer, Answers, Extra, Fields, Pending, ResponseHeaders, SettleRule,
 };
+use crate::store::Budget;
 
 /// What a decision hook is given: the request's head, the decision, and the name of the
 /// policy that applied. See [`Builder::on_decision`](crate::ratelimit::Builder::on_decision).
@@ -223,20 +224,15 @@ impl<B> Flavour<Request<B>> for Http {
         )
     }
 
-    #[inline]
-    fn screen(&self, req: &Request<B>) -> Screen {
-        self.access.screen(req)
-    }
-
     /// The budget lives in the request's extensions, where every layer it passes finds
-    /// it (a Redis store's call draws on it).
-    #[cfg(feature = "redis")]
-    fn with_budget<R>(&self, req: &mut Request<B>, f: impl FnOnce() -> R) -> R {
-        let budget = req
-            .extensions_mut()
-            .get_or_insert_default::<crate::redis::Budget>()
-            .clone();
-        crate::redis::with_budget(&budget, f)
+    /// it (a network store's call draws on it). Asked only of a request its store cannot
+    /// decide at once.
+    fn budget(&self, req: &mut Request<B>) -> Option<Budget> {
+        Some(
+            req.extensions_mut()
+                .get_or_insert_default::<Budget>()
+                .clone(),
+        )
     }
 
     #[inline]

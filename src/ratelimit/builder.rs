@@ -6,12 +6,12 @@ use std::{fmt, sync::Arc};
 
 use super::answer::Http;
 use crate::algorithm::Limit;
+use crate::core::{Core, Wording};
 use crate::error::ConfigError;
 use crate::options::{MissingKey, OnStoreError};
 use crate::policy::{IntoPolicy, PolicySet};
 use crate::quota::Quota;
-use crate::ratelimit::limiter::{Limiter, Prepare, Settings};
-use crate::setters::setters;
+use crate::ratelimit::limiter::{Limiter, Prepare, RateCore, Settings};
 use crate::store::Store;
 
 /// Configures a rate-limit layer: who is limited, how, what a request costs. Setters take
@@ -117,60 +117,81 @@ impl<X, C, F> Builder<X, C, F> {
         self
     }
 
-    setters! {
-        /// What to do with requests that carry no key (default [`MissingKey::Reject`] with
-        /// `400`: see [`MissingKey`]).
-        on_missing_key(missing: MissingKey) => settings.missing;
-
-        /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
-        on_store_error(on_error: OnStoreError) => settings.on_error;
-
-        /// The layer's name in metrics and events (default `tollgate`).
-        label(label: &str) => settings.label = label.into();
-
-        /// Bounds the memory of the built-in store, in bytes (default 32 MiB). A flood of keys
-        /// never grows it past this: keys back to fresh go first, then those closest to it.
-        /// With `build_with`, size your own store instead.
-        max_bytes(bytes: usize) => settings.max_bytes = Some(bytes);
+    /// What to do with requests that carry no key (default [`MissingKey::Reject`] with
+    /// `400`: see [`MissingKey`]).
+    pub fn on_missing_key(mut self, missing: MissingKey) -> Self {
+        self.settings.common.missing = missing;
+        self
     }
 
-    /// The limiter for the built-in store, keyed by `K`.
+    /// What to do when a store call fails (default [`OnStoreError::FailOpen`]).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.settings.common.on_error = on_error;
+        self
+    }
+
+    /// The layer's name in metrics and events (default `tollgate`); printable ASCII.
+    pub fn label(mut self, label: &str) -> Self {
+        self.settings.common.label = label.into();
+        self
+    }
+
+    /// Bounds the memory of the built-in store, in bytes (default 32 MiB). A flood of keys
+    /// never grows it past this: keys back to fresh go first, then those closest to it.
+    /// With `build_with`, size your own store instead.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.settings.max_bytes = Some(bytes);
+        self
+    }
+
+    /// The layer's state on the built-in store, keyed by `K`.
     #[allow(clippy::type_complexity)] // the built-in store's type, spelled out for the docs
-    pub(crate) fn limiter_in_memory<K>(
+    pub(crate) fn core_in_memory<K>(
         mut self,
-    ) -> Result<Arc<Limiter<X, crate::store::MemoryStore<Option<K>>, C, F>>, ConfigError>
+    ) -> Result<Arc<RateCore<X, crate::store::MemoryStore<Option<K>>, C, F>>, ConfigError>
     where
         F: Prepare,
         K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         let (set, store) = self.settings.memory_store()?;
-        self.limiter::<K, _>(store, set)
+        self.core::<K, _>(store, set)
     }
 
-    /// The limiter for a store of the user's, keyed by `K`.
-    pub(crate) fn limiter_with<K: 'static, St>(
+    /// The layer's state on a store of the user's, keyed by `K`.
+    pub(crate) fn core_with<K: 'static, St>(
         mut self,
         store: St,
-    ) -> Result<Arc<Limiter<X, St, C, F>>, ConfigError>
+    ) -> Result<Arc<RateCore<X, St, C, F>>, ConfigError>
     where
         F: Prepare,
         St: Store<Option<K>>,
     {
         let set = self.settings.set_for(&store)?;
-        self.limiter::<K, _>(store, set)
+        self.core::<K, _>(store, set)
     }
 
-    fn limiter<K: 'static, St>(
+    fn core<K: 'static, St>(
         self,
         store: St,
         set: PolicySet,
-    ) -> Result<Arc<Limiter<X, St, C, F>>, ConfigError>
+    ) -> Result<Arc<RateCore<X, St, C, F>>, ConfigError>
     where
         F: Prepare,
         St: Store<Option<K>>,
     {
-        let limiter =
-            Limiter::new::<K>(self.key, self.cost, store, self.flavour, set, self.settings)?;
-        Ok(Arc::new(limiter))
+        let common = self.settings.common.clone().build(b"", &WORDING)?;
+        let part = Limiter::new::<K>(self.cost, store, self.flavour, set, self.settings)?;
+        Ok(Arc::new(Core {
+            key: self.key,
+            common,
+            part,
+        }))
     }
 }
+
+/// The rate limits' words, in events (their answers are their flavours').
+static WORDING: Wording = Wording {
+    kind: "rate-limit",
+    no_key: "No rate-limit key could be extracted from this request.",
+    store_down: "The rate limiter's store is unavailable.",
+};

@@ -7,10 +7,11 @@ use crate::error::StoreError;
 use crate::policy::choose::{Chooser, RequestSelect};
 use crate::policy::{Policy, PolicySet};
 pub(crate) use crate::response::Settlement;
+use crate::store::Budget;
 
 /// What a layer prepares for each policy when a set is installed (the HTTP layer's
 /// formatted header values), so that no request formats them.
-pub trait Prepare: Send + Sync + 'static {
+pub(crate) trait Prepare: Send + Sync + 'static {
     type Prepared: Send + Sync + 'static;
 
     fn prepare(&self, name: Option<&str>, policy: &Policy) -> Self::Prepared;
@@ -54,9 +55,6 @@ pub(crate) trait Flavour<Req>: Prepare {
     fn keyless(&self, req: &Req, status: StatusCode) -> Self::Refusal;
     /// The answer to a request on a deny list.
     fn denied(&self, req: &Req) -> Self::Refusal;
-    /// What the layer's own rules say of a request before its key is read (skipped, or
-    /// its address on a list).
-    fn screen(&self, req: &Req) -> Screen;
     /// Whether admitted requests settle their cost from their response.
     fn settles(&self) -> bool;
     /// The route, for events.
@@ -68,12 +66,11 @@ pub(crate) trait Flavour<Req>: Prepare {
         None
     }
 
-    /// Runs `f`, the layer asking its store for `req`, with the request's store budget
-    /// (one deadline however many layers wait for Redis) where the request can carry one;
-    /// by default `f` runs as it is.
-    fn with_budget<R>(&self, req: &mut Req, f: impl FnOnce() -> R) -> R {
+    /// The time `req` may still wait for its stores, shared by every layer it passes
+    /// (see [`Budget`]), where the request can carry it; by default none.
+    fn budget(&self, req: &mut Req) -> Option<Budget> {
         let _ = req;
-        f()
+        None
     }
     /// The index in `set` of the policy the layer's selector picks for `req` and `key`;
     /// by default a [`RequestSelect`] over the request itself. Out of line: the common
@@ -93,15 +90,4 @@ pub(crate) trait Flavour<Req>: Prepare {
             .get::<RequestSelect<Req, K>>()
             .map_or(0, |select| select(req, key, set))
     }
-}
-
-/// What a layer's exemption and deny rules say of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Screen {
-    /// Limited as usual.
-    Limit,
-    /// Never limited: no state, no rate-limit fields.
-    Exempt,
-    /// Refused (`403` on HTTP).
-    Deny,
 }

@@ -18,7 +18,6 @@ use crate::key::{cidr::Cidr, ClientIp, KeyExtractor, RequestHead};
 use crate::options::KeyList;
 use crate::policy::{choose::Chooser, PolicyName};
 use crate::response::{Rejection, ResponseHead, SettleRule};
-use crate::setters::setters;
 use crate::store::{MemoryStore, Store};
 
 /// The HTTP layer's own setters. See [`RateLimitLayer::builder`].
@@ -59,24 +58,34 @@ impl<X, C> Builder<X, C, Http> {
         self
     }
 
-    setters! {
-        /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (default on).
-        ietf_headers(on: bool) => flavour.answers.ietf;
+    /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (default on).
+    pub fn ietf_headers(mut self, on: bool) -> Self {
+        self.flavour.answers.ietf = on;
+        self
+    }
 
-        /// The legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` trio (default off).
-        legacy_headers(on: bool) => flavour.answers.legacy;
+    /// The legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` trio (default off).
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.flavour.answers.legacy = on;
+        self
+    }
 
-        /// RFC 9457 `application/problem+json` refusal bodies (default on); off, a refusal
-        /// has an empty body.
-        problem_details(on: bool) => flavour.answers.problem;
+    /// RFC 9457 `application/problem+json` refusal bodies (default on); off, a refusal
+    /// has an empty body.
+    pub fn problem_details(mut self, on: bool) -> Self {
+        self.flavour.answers.problem = on;
+        self
+    }
 
-        /// Answers gRPC requests (`content-type: application/grpc...`) with gRPC statuses
-        /// (default on): a refusal is `RESOURCE_EXHAUSTED` with the exact retry delay in a
-        /// `google.rpc.RetryInfo`, sent trailers-only, so gRPC clients and their retry policies
-        /// read it; see [the `response` docs](crate::response#grpc). Off, gRPC requests get the
-        /// HTTP answers (a `429` with a problem body, which a tonic client reports as
-        /// `INTERNAL`, without a delay).
-        grpc_status(on: bool) => flavour.answers.grpc;
+    /// Answers gRPC requests (`content-type: application/grpc...`) with gRPC statuses
+    /// (default on): a refusal is `RESOURCE_EXHAUSTED` with the exact retry delay in a
+    /// `google.rpc.RetryInfo`, sent trailers-only, so gRPC clients and their retry policies
+    /// read it; see [the `response` docs](crate::response#grpc). Off, gRPC requests get the
+    /// HTTP answers (a `429` with a problem body, which a tonic client reports as
+    /// `INTERNAL`, without a delay).
+    pub fn grpc_status(mut self, on: bool) -> Self {
+        self.flavour.answers.grpc = on;
+        self
     }
 
     /// Builds refusals with a closure instead. `Retry-After`, `Cache-Control: no-store`
@@ -91,20 +100,24 @@ impl<X, C> Builder<X, C, Http> {
         self
     }
 
-    setters! {
-        /// Inserts the [`Decision`] into the request's extensions so handlers can read the
-        /// remaining quota (default off: it costs an allocation per request). A request a
-        /// shadow limit would have refused always carries its decision
-        /// ([`Decision::shadowed`]).
-        expose_decision(on: bool) => flavour.expose;
+    /// Inserts the [`Decision`] into the request's extensions so handlers can read the
+    /// remaining quota (default off: it costs an allocation per request). A request a
+    /// shadow limit would have refused always carries its decision
+    /// ([`Decision::shadowed`]).
+    pub fn expose_decision(mut self, on: bool) -> Self {
+        self.flavour.expose = on;
+        self
+    }
 
-        /// Counts the layer's decisions (`tollgate.rate_limit.requests_total`) by the route
-        /// the request matched, in the attribute `tollgate.route`: axum's `MatchedPath` (a
-        /// template such as `/users/{id}`, never a raw path), `unmatched` without one (a
-        /// fallback), `other` past 256 distinct routes. Off by default. See the crate docs'
-        /// [Metrics](crate#metrics).
-        #[cfg(feature = "axum")]
-        route_metrics(on: bool) => settings.route_metrics;
+    /// Counts the layer's decisions (`tollgate.rate_limit.requests_total`) by the route
+    /// the request matched, in the attribute `tollgate.route`: axum's `MatchedPath` (a
+    /// template such as `/users/{id}`, never a raw path), `unmatched` without one (a
+    /// fallback), `other` past 256 distinct routes. Off by default. See the crate docs'
+    /// [Metrics](crate#metrics).
+    #[cfg(feature = "axum")]
+    pub fn route_metrics(mut self, on: bool) -> Self {
+        self.settings.route_metrics = on;
+        self
     }
 
     /// Names a response header that tells, on a request a shadow limit would have refused,
@@ -331,8 +344,8 @@ impl<X, C> Builder<X, C, Http> {
         X: KeyExtractor<Req>,
         X::Key: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
-        let limiter = self.finished()?.limiter_in_memory::<X::Key>()?;
-        Ok(RateLimitLayer { limiter })
+        let core = self.finished()?.core_in_memory::<X::Key>()?;
+        Ok(RateLimitLayer { core })
     }
 
     /// Builds the layer on a store of your own (a configured [`MemoryStore`], the Redis
@@ -354,8 +367,8 @@ impl<X, C> Builder<X, C, Http> {
         St: Store<Option<X::Key>>,
         X::Key: 'static,
     {
-        let limiter = self.finished()?.limiter_with::<X::Key, _>(store)?;
-        Ok(RateLimitLayer { limiter })
+        let core = self.finished()?.core_with::<X::Key, _>(store)?;
+        Ok(RateLimitLayer { core })
     }
 }
 
@@ -366,27 +379,29 @@ where
     X: KeyExtractor<Request<()>>,
     X::Key: std::hash::Hash + Eq + Send + Sync + 'static,
 {
-    setters! {
-        /// Never limits these keys (an internal caller's API key): no state, no rate-limit
-        /// fields. Call it after [`Builder::key`](crate::ratelimit::Builder::key); the keys are of the type it extracts.
-        ///
-        /// ```
-        /// use tollgate::{key::HeaderKey, RateLimitLayer};
-        ///
-        /// let layer = RateLimitLayer::builder()
-        ///     .key(HeaderKey::new("x-api-key")?)
-        ///     .policy("100/min")
-        ///     .allow_keys(["internal-batch"])
-        ///     .deny_keys(["leaked-key-1"]) // 403
-        ///     .build()?;
-        /// # Ok::<(), tollgate::ConfigError>(())
-        /// ```
-        allow_keys(keys: impl IntoIterator<Item = impl Into<X::Key>>) =>
-            settings.allow_keys = Some(KeyList::new(keys.into_iter().map(Into::<X::Key>::into)));
+    /// Never limits these keys (an internal caller's API key): no state, no rate-limit
+    /// fields. Call it after [`Builder::key`](crate::ratelimit::Builder::key); the keys are of the type it extracts.
+    ///
+    /// ```
+    /// use tollgate::{key::HeaderKey, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .key(HeaderKey::new("x-api-key")?)
+    ///     .policy("100/min")
+    ///     .allow_keys(["internal-batch"])
+    ///     .deny_keys(["leaked-key-1"]) // 403
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn allow_keys(mut self, keys: impl IntoIterator<Item = impl Into<X::Key>>) -> Self {
+        self.settings.allow_keys = Some(KeyList::new(keys.into_iter().map(Into::<X::Key>::into)));
+        self
+    }
 
-        /// Refuses these keys (a leaked or abusive API key) with `403 Forbidden` and a problem
-        /// body. See [`Builder::allow_keys`](crate::ratelimit::Builder::allow_keys).
-        deny_keys(keys: impl IntoIterator<Item = impl Into<X::Key>>) =>
-            settings.deny_keys = Some(KeyList::new(keys.into_iter().map(Into::<X::Key>::into)));
+    /// Refuses these keys (a leaked or abusive API key) with `403 Forbidden` and a problem
+    /// body. See [`Builder::allow_keys`](crate::ratelimit::Builder::allow_keys).
+    pub fn deny_keys(mut self, keys: impl IntoIterator<Item = impl Into<X::Key>>) -> Self {
+        self.settings.deny_keys = Some(KeyList::new(keys.into_iter().map(Into::<X::Key>::into)));
+        self
     }
 }

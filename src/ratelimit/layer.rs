@@ -1,58 +1,17 @@
 //! [`RateLimitLayer`]: the HTTP layer. One layer value is one limit, shared by every clone
 //! and every route it is applied to.
 
-use std::sync::Arc;
+use std::{fmt, sync::Arc};
 
 use http::Request;
+use tower_layer::Layer;
 
-use super::{answer::Http, builder::Builder};
+use super::{answer::Http, builder::Builder, limiter::RateCore, service::RateLimit};
 use crate::cost::UnitCost;
 use crate::decision::Decision;
 use crate::key::{Global, KeyExtractor};
-use crate::policy::PolicySet;
-use crate::ratelimit::limiter::Limiter;
+use crate::policy::{PolicyHandle, PolicySet};
 use crate::store::{MemoryStore, Store, StoreFuture};
-
-/// Writes what the HTTP and the generic rate-limit layers share: `Clone` and `Layer`
-/// (see [`layer_of`]), `Debug`, and the accessors to the store and the policies.
-macro_rules! rate_limit_layer {
-    ($layer:ident, $flavour:ty, $name:literal) => {
-        $crate::core::service::layer_of!($layer<X, St, C> {
-            limiter: $crate::ratelimit::limiter::Limiter<X, St, C, $flavour>
-        });
-
-        impl<X: std::fmt::Debug, St, C> std::fmt::Debug for $layer<X, St, C> {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_tuple($name).field(&self.limiter).finish()
-            }
-        }
-
-        impl<X, St, C> $layer<X, St, C> {
-            /// The store, for inspection (e.g.
-            /// [`MemoryStore::stats`](crate::store::MemoryStore::stats)).
-            pub fn store(&self) -> &St {
-                &self.limiter.store
-            }
-
-            /// The policies in force.
-            pub fn policies(&self) -> $crate::policy::PolicySet {
-                self.limiter.policies()
-            }
-
-            /// A handle that swaps this layer's policies while requests flow. See
-            /// [`PolicyHandle`](crate::policy::PolicyHandle).
-            pub fn policy_handle(&self) -> $crate::policy::PolicyHandle
-            where
-                X: Send + Sync + 'static,
-                St: Send + Sync + 'static,
-                C: Send + Sync + 'static,
-            {
-                $crate::policy::PolicyHandle::new(self.limiter.clone())
-            }
-        }
-    };
-}
-pub(crate) use rate_limit_layer;
 
 /// Applies a rate limit: `.layer(RateLimitLayer::...)` on an axum `Router`, a route, or any
 /// tower HTTP service. See the [crate docs](crate) for the guide.
@@ -64,12 +23,58 @@ pub(crate) use rate_limit_layer;
 /// Type parameters: `X` the [`KeyExtractor`], `St` the [`Store`], `C` the
 /// [`Cost`](crate::cost::Cost).
 pub struct RateLimitLayer<X = Global, St = MemoryStore<Option<()>>, C = UnitCost> {
-    pub(crate) limiter: Arc<Limiter<X, St, C, Http>>,
+    pub(crate) core: Arc<RateCore<X, St, C, Http>>,
 }
 
-rate_limit_layer!(RateLimitLayer, Http, "RateLimitLayer");
+impl<X, St, C> Clone for RateLimitLayer<X, St, C> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            core: Arc::clone(&self.core),
+        }
+    }
+}
+
+impl<X: fmt::Debug, St, C> fmt::Debug for RateLimitLayer<X, St, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("key", &self.core.key)
+            .field("label", &self.core.common.label)
+            .field("limiter", &self.core.part)
+            .finish()
+    }
+}
+
+impl<S, X, St, C> Layer<S> for RateLimitLayer<X, St, C> {
+    type Service = RateLimit<S, X, St, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, &self.core)
+    }
+}
 
 impl<X, St, C> RateLimitLayer<X, St, C> {
+    /// The store, for inspection (e.g.
+    /// [`MemoryStore::stats`](crate::store::MemoryStore::stats)).
+    pub fn store(&self) -> &St {
+        &self.core.part.store
+    }
+
+    /// The policies in force.
+    pub fn policies(&self) -> PolicySet {
+        self.core.part.policies()
+    }
+
+    /// A handle that swaps this layer's policies while requests flow. See
+    /// [`PolicyHandle`].
+    pub fn policy_handle(&self) -> PolicyHandle
+    where
+        X: Send + Sync + 'static,
+        St: Send + Sync + 'static,
+        C: Send + Sync + 'static,
+    {
+        PolicyHandle::new(self.core.clone())
+    }
+
     /// Forgets `key`'s state in the layer's store, under every policy: its next request
     /// finds it fresh (a customer unbanned). On the Redis store, every instance sees it.
     ///
@@ -91,7 +96,7 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
         X: KeyExtractor<Request<()>, Key = K>,
         St: Store<Option<K>>,
     {
-        self.limiter.store.reset(&Some(key.into()))
+        self.core.part.store.reset(&Some(key.into()))
     }
 
     /// What `key` has left now, read without spending anything: the layer's fallback
@@ -103,8 +108,9 @@ impl<X, St, C> RateLimitLayer<X, St, C> {
         X: KeyExtractor<Request<()>, Key = K>,
         St: Store<Option<K>>,
     {
-        let set = self.limiter.policies();
-        self.limiter
+        let set = self.core.part.policies();
+        self.core
+            .part
             .store
             .preview(&Some(key.into()), set.fallback(), 0)
     }

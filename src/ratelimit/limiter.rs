@@ -1,13 +1,12 @@
-//! The limiter's core, shared by the rate-limit layers (HTTP and generic): the key, the
-//! cost, the store, the policies (chosen per request, swapped live), the missing-key and
-//! store-failure policies, shadow limits, and what is observed of every decision. Nothing
-//! here knows what a response is: each layer's [flavour](Flavour) turns a decision into
-//! its own answer.
+//! The rate limits' part of the core (HTTP and generic): the cost, the store, the policies
+//! (chosen per request, swapped live), key lists, shadow limits, bans, and what is
+//! observed of every decision. Nothing here knows what a response is: each layer's
+//! [flavour](Flavour) turns a decision into its own answer.
 //!
-//! A request's way through it: [`Limiter::begin`] screens the request, extracts its key,
-//! picks its policy and asks the store; the store's answer (at once, or later through the
-//! response future) goes to `answered` (a failed store's answer under `OnStoreError`) and
-//! `respond`, which observes and counts the decision and hands it to the flavour.
+//! A keyed request's way through it ([`Part::decide`]): its key's lists, its policy, its
+//! cost and the store; the store's answer (at once, or later through the response future)
+//! goes to `answered` (a failed store's answer under `OnStoreError`) and `respond`, which
+//! observes and counts the decision and hands it to the flavour.
 
 use std::{
     fmt,
@@ -21,16 +20,14 @@ use std::{
 
 use arc_swap::ArcSwap;
 
-pub(crate) use super::flavour::{Flavour, Prepare, Screen, Settlement, Verdict};
+pub(crate) use super::flavour::{Flavour, Prepare, Settlement, Verdict};
 pub(crate) use super::settings::Settings;
-use crate::core::machine::{Begin, Continuation, Next, RefundGuard};
+use crate::core::{Begin, Check, Common, Continuation, Core, Next, Part, RefundGuard};
 use crate::cost::Cost;
 use crate::decision::{Decision, Outcome, Source};
 use crate::error::{ConfigError, StoreError};
-use crate::key::KeyExtractor;
-use crate::observe::KeylessWarning;
 use crate::observe::{key_hash, Observe, PolicyMetrics};
-use crate::options::{KeyList, MissingKey, OnStoreError};
+use crate::options::{KeyList, OnStoreError};
 use crate::policy::{check_names, choose::Chooser, handle::Install, Policy, PolicySet};
 use crate::store::Store;
 
@@ -89,13 +86,13 @@ impl<P> Installed<P> {
     }
 }
 
-/// The core of a layer. See the [module docs](self).
-pub struct Limiter<X, St, C, F: Prepare> {
-    pub(crate) key: X,
+/// A rate-limit layer's state: the core with the rate limits' part.
+pub(crate) type RateCore<X, St, C, F> = Core<X, Limiter<St, C, F>>;
+
+/// The rate limits' part of a layer. See the [module docs](self).
+pub(crate) struct Limiter<St, C, F: Prepare> {
     pub(crate) store: St,
     pub(crate) cost: C,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
     pub(crate) flavour: F,
     /// The set the layer was built with, read with one load while no swap happened (the
     /// common case: no shared counter or lock is touched per request).
@@ -108,8 +105,6 @@ pub struct Limiter<X, St, C, F: Prepare> {
     /// The store's check of a set (every policy supported), which it is then told it
     /// applies; with the key type fixed when the layer was built.
     accept: fn(&St, &PolicySet) -> Result<(), ConfigError>,
-    /// The extractor's misconfiguration, logged once per layer.
-    warned: KeylessWarning,
     pub(crate) observe: Observe,
     /// Keys never limited, and keys refused.
     allow_keys: Option<KeyList>,
@@ -119,25 +114,18 @@ pub struct Limiter<X, St, C, F: Prepare> {
     chooser: Option<Chooser>,
 }
 
-impl<X, St, C, F: Prepare> fmt::Debug for Limiter<X, St, C, F>
-where
-    X: fmt::Debug,
-{
+impl<St, C, F: Prepare> fmt::Debug for Limiter<St, C, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
-            .field("key", &self.key)
             .field("policies", &self.installed.load().set)
-            .field("missing_key", &self.missing)
-            .field("on_store_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }
 
-impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
+impl<St, C, F: Prepare> Limiter<St, C, F> {
     /// A limiter for a key type `K`: checks every policy of the set against the store and
     /// the selector.
     pub(crate) fn new<K: 'static>(
-        key: X,
         cost: C,
         store: St,
         flavour: F,
@@ -162,25 +150,21 @@ impl<X, St, C, F: Prepare> Limiter<X, St, C, F> {
         if let Some(chooser) = &settings.chooser {
             chooser.check::<K>()?;
         }
-        let observe = Observe::new(settings.label, settings.route_metrics);
+        let observe = Observe::new(settings.label(), settings.route_metrics);
         let ban = settings.ban;
         let installed = Arc::new(prepare(&flavour, &observe, set, settings.names, |set| {
             check_ban(set, ban)?;
             accept(&store, set)
         })?);
         Ok(Limiter {
-            key,
             store,
             cost,
-            missing: settings.missing,
-            on_error: settings.on_error,
             flavour,
             installed: ArcSwap::new(Arc::clone(&installed)),
             first: installed,
             swapped: AtomicBool::new(false),
             names: settings.names,
             accept,
-            warned: KeylessWarning::default(),
             observe,
             allow_keys: settings.allow_keys,
             deny_keys: settings.deny_keys,
@@ -231,7 +215,7 @@ fn prepare<F: Prepare>(
     Ok(installed)
 }
 
-impl<X, St, C, F> Install for Limiter<X, St, C, F>
+impl<X, St, C, F> Install for Core<X, Limiter<St, C, F>>
 where
     X: Send + Sync + 'static,
     St: Send + Sync + 'static,
@@ -239,18 +223,19 @@ where
     F: Prepare,
 {
     fn install(&self, set: PolicySet) -> Result<(), ConfigError> {
-        let installed = prepare(&self.flavour, &self.observe, set, self.names, |set| {
-            check_ban(set, self.ban)?;
-            (self.accept)(&self.store, set)
+        let l = &self.part;
+        let installed = prepare(&l.flavour, &l.observe, set, l.names, |set| {
+            check_ban(set, l.ban)?;
+            (l.accept)(&l.store, set)
         })?;
-        self.installed.store(Arc::new(installed));
-        self.swapped.store(true, Ordering::Release);
-        tracing::info!(target: "tollgate", limiter = %self.observe.label(), "rate-limit policies swapped");
+        l.installed.store(Arc::new(installed));
+        l.swapped.store(true, Ordering::Release);
+        tracing::info!(target: "tollgate", limiter = %l.observe.label(), "rate-limit policies swapped");
         Ok(())
     }
 
     fn current(&self) -> PolicySet {
-        self.policies()
+        self.part.policies()
     }
 }
 
@@ -259,73 +244,54 @@ pub(crate) trait StoredKey: Hash + Clone + Send + Sync + 'static {}
 
 impl<K: Hash + Clone + Send + Sync + 'static> StoredKey for K {}
 
-// The request's way: every method below may move the limiter (an `Arc` of it) into a
-// continuation or a settlement, so the key extractor and the cost are shared by threads.
-impl<X, St, C, F> Limiter<X, St, C, F>
+/// The rate limits' decision of a keyed request, for a layer whose answers are `F`'s.
+impl<Req, K, St, C, F> Part<Req, K> for Limiter<St, C, F>
 where
-    X: Send + Sync + 'static,
-    C: Send + Sync + 'static,
-    F: Prepare,
+    Req: 'static,
+    K: StoredKey,
+    St: Store<Option<K>>,
+    C: Cost<Req> + Send + Sync + 'static,
+    F: Flavour<Req>,
 {
-    /// Extracts the key, picks the policy, weighs the request and asks the store.
+    type Answer = F::Refusal;
+    type Extra = F::Extra;
+    type Later = Check<Req, F::Refusal, F::Extra>;
+
+    /// The key's lists, its policy, its cost and the store.
     #[inline]
-    pub(crate) fn begin<Req, K>(self: &Arc<Self>, req: &mut Req) -> Begin<Req, F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        X: KeyExtractor<Req, Key = K>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-        C: Cost<Req>,
-        Req: 'static,
-    {
+    fn decide<X: Send + Sync + 'static>(
+        core: &Arc<Core<X, Self>>,
+        key: Option<K>,
+        req: &mut Req,
+    ) -> Begin<F::Refusal, F::Extra, Self::Later> {
+        let l = &core.part;
         let swapped;
-        let installed = if self.swapped.load(Ordering::Acquire) {
-            swapped = self.installed.load();
+        let installed = if l.swapped.load(Ordering::Acquire) {
+            swapped = l.installed.load();
             &*swapped
         } else {
-            &self.first
+            &l.first
         };
-        match self.flavour.screen(req) {
-            Screen::Limit => {}
-            Screen::Exempt => {
-                self.observe.exempt();
+        if let (Some(k), true) = (&key, l.allow_keys.is_some() || l.deny_keys.is_some()) {
+            let listed =
+                |list: &Option<KeyList>| list.as_ref().is_some_and(|list| list.contains(k));
+            if listed(&l.deny_keys) {
+                return Begin::Now(Next::Refuse(l.deny(req)));
+            }
+            if listed(&l.allow_keys) {
+                l.observe.exempt();
                 return Begin::Unlimited;
             }
-            Screen::Deny => return Begin::Now(Next::Refuse(self.deny(req))),
         }
-        let key = match self.key.extract(req) {
-            Some(k) => {
-                if self.allow_keys.is_some() || self.deny_keys.is_some() {
-                    let listed = |l: &Option<KeyList>| l.as_ref().is_some_and(|l| l.contains(&k));
-                    if listed(&self.deny_keys) {
-                        return Begin::Now(Next::Refuse(self.deny(req)));
-                    }
-                    if listed(&self.allow_keys) {
-                        self.observe.exempt();
-                        return Begin::Unlimited;
-                    }
-                }
-                Some(k)
-            }
-            None => match self.keyless(req) {
-                MissingKey::Shared => None,
-                MissingKey::Allow => return Begin::Unlimited,
-                MissingKey::Reject(status) => {
-                    return Begin::Now(Next::Refuse(self.flavour.keyless(req, status)))
-                }
-            },
-        };
         // A selector's choice is made out of line: the common path, without one, stays
         // small.
-        let index = match &self.chooser {
+        let index = match &l.chooser {
             None => 0,
-            Some(chooser) => self
-                .flavour
-                .choose(chooser, req, key.as_ref(), &installed.set),
+            Some(chooser) => l.flavour.choose(chooser, req, key.as_ref(), &installed.set),
         };
         // Resolved for the key once: a partial rollout's limits, enforced or in shadow.
         let policy = installed.set.entry(index).policy.for_key(|| key_hash(&key));
-        let cost = self.cost.cost(req);
+        let cost = l.cost.cost(req);
         let at = At {
             installed,
             index,
@@ -333,17 +299,18 @@ where
             cost,
         };
         // Read in place: a decision is a few cache lines, and moving it out costs a copy.
-        if let Some(d) = &self.store.decide_now(&key, policy, cost) {
-            return Begin::Now(self.respond(req, &at, key, d, false));
+        if let Some(d) = &l.store.decide_now(&key, policy, cost) {
+            return Begin::Now(respond(core, req, &at, key, d, false));
         }
-        let mut check = self
-            .flavour
-            .with_budget(req, || self.store.decide(&key, policy, cost));
+        let mut check = match l.flavour.budget(req) {
+            Some(budget) => l.store.decide_within(&key, policy, cost, &budget),
+            None => l.store.decide(&key, policy, cost),
+        };
         match check.take_ready() {
-            Some(result) => Begin::Now(self.answered(req, &at, key, result)),
+            Some(result) => Begin::Now(answered(core, req, &at, key, result)),
             None => {
-                let (me, installed, policy) =
-                    (Arc::clone(self), Arc::clone(installed), policy.clone());
+                let (core, installed, policy) =
+                    (Arc::clone(core), Arc::clone(installed), policy.clone());
                 let then: Continuation<Req, F::Refusal, F::Extra> =
                     Box::new(move |result, req: &mut Req| {
                         let at = At {
@@ -352,185 +319,176 @@ where
                             policy: &policy,
                             cost,
                         };
-                        me.answered(req, &at, key, result)
+                        answered(&core, req, &at, key, result)
                     });
-                Begin::Later(check, then)
+                Begin::Later(Check { check, then })
             }
         }
     }
 
+    fn keyless(&self, _: &Common, req: &Req, status: http::StatusCode) -> F::Refusal {
+        self.flavour.keyless(req, status)
+    }
+}
+
+impl<St, C, F: Prepare> Limiter<St, C, F> {
     /// A request on a deny list: refused, counted and logged (`debug`).
     #[cold]
-    fn deny<Req>(&self, req: &Req) -> F::Refusal
+    pub(crate) fn deny<Req>(&self, req: &Req) -> F::Refusal
     where
         F: Flavour<Req>,
     {
         self.observe.denied(self.flavour.route(req));
         self.flavour.denied(req)
     }
+}
 
-    /// A request without a key: logged once per layer when the extractor says why, then
-    /// `MissingKey` decides.
-    #[cold]
-    fn keyless<Req>(&self, req: &Req) -> MissingKey
-    where
-        X: KeyExtractor<Req>,
-    {
-        self.warned.keyless(
-            &self.key,
-            req,
-            self.observe.label(),
-            self.missing,
-            "rate-limit",
-        );
-        self.missing
+/// The store's answer, or its failure under the `OnStoreError` policy.
+fn answered<X, Req, K, St, C, F>(
+    core: &Arc<Core<X, Limiter<St, C, F>>>,
+    req: &mut Req,
+    at: &At<'_, F::Prepared>,
+    key: Option<K>,
+    result: Result<Decision, StoreError>,
+) -> Next<F::Refusal, F::Extra>
+where
+    X: Send + Sync + 'static,
+    F: Flavour<Req>,
+    K: StoredKey,
+    St: Store<Option<K>>,
+    C: Send + Sync + 'static,
+{
+    let e = match result {
+        Ok(d) => return respond(core, req, at, key, &d, false),
+        Err(e) => e,
+    };
+    let l = &core.part;
+    let on_error = core.common.on_error();
+    let name = at.installed.set.entry(at.index).name.as_deref();
+    l.observe
+        .store_failed(name, l.flavour.route(req), &e, on_error);
+    match on_error {
+        OnStoreError::FailOpen => {
+            let open = Outcome::Allowed {
+                wait: Duration::ZERO,
+            };
+            let d = at.policy.without_state(open, Source::FailOpen);
+            // Observed above, as the store failure it is.
+            respond(core, req, at, key, &d, true)
+        }
+        OnStoreError::FailClosed => Next::Refuse(l.flavour.failed(req, e)),
     }
+}
 
-    /// The store's answer, or its failure under the `OnStoreError` policy.
-    fn answered<Req, K>(
-        self: &Arc<Self>,
-        req: &mut Req,
-        at: &At<'_, F::Prepared>,
-        key: Option<K>,
-        result: Result<Decision, StoreError>,
-    ) -> Next<F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-    {
-        let e = match result {
-            Ok(d) => return self.respond(req, at, key, &d, false),
-            Err(e) => e,
-        };
+/// The decision observed (unless `observed` already: a failed store's open answer) and
+/// counted, then the flavour's refusal or admission, with the refund of a queued request
+/// dropped before its turn.
+#[inline]
+fn respond<X, Req, K, St, C, F>(
+    core: &Arc<Core<X, Limiter<St, C, F>>>,
+    req: &mut Req,
+    at: &At<'_, F::Prepared>,
+    key: Option<K>,
+    d: &Decision,
+    observed: bool,
+) -> Next<F::Refusal, F::Extra>
+where
+    X: Send + Sync + 'static,
+    F: Flavour<Req>,
+    K: StoredKey,
+    St: Store<Option<K>>,
+    C: Send + Sync + 'static,
+{
+    let l = &core.part;
+    if let Outcome::Allowed { wait } = d.outcome() {
+        if !wait.is_zero() && l.flavour.time_left(req).is_some_and(|left| wait > left) {
+            return late(l, req, at, key, d, wait);
+        }
+    }
+    let plain =
+        d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
+    if !plain && !observed {
         let name = at.installed.set.entry(at.index).name.as_deref();
-        self.observe
-            .store_failed(name, self.flavour.route(req), &e, self.on_error);
-        match self.on_error {
-            OnStoreError::FailOpen => {
-                let open = Outcome::Allowed {
-                    wait: Duration::ZERO,
-                };
-                let d = at.policy.without_state(open, Source::FailOpen);
-                // Observed above, as the store failure it is.
-                self.respond(req, at, key, &d, true)
-            }
-            OnStoreError::FailClosed => Next::Refuse(self.flavour.failed(req, e)),
-        }
+        l.observe.decided(name, &|| l.flavour.route(req), &key, d);
     }
-
-    /// The decision observed (unless `observed` already: a failed store's open answer) and
-    /// counted, then the flavour's refusal or admission, with the refund of a queued
-    /// request dropped before its turn.
-    #[inline]
-    fn respond<Req, K>(
-        self: &Arc<Self>,
-        req: &mut Req,
-        at: &At<'_, F::Prepared>,
-        key: Option<K>,
-        d: &Decision,
-        observed: bool,
-    ) -> Next<F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-    {
-        if let Outcome::Allowed { wait } = d.outcome() {
-            if !wait.is_zero() && self.flavour.time_left(req).is_some_and(|left| wait > left) {
-                return self.late(req, at, key, d, wait);
-            }
-        }
-        let plain =
-            d.is_allowed() && !d.shadowed() && matches!(d.source(), Source::Local | Source::Store);
-        if !plain && !observed {
-            let name = at.installed.set.entry(at.index).name.as_deref();
-            self.observe
-                .decided(name, &|| self.flavour.route(req), &key, d);
-        }
-        let prepared = at
-            .installed
-            .prepared(at.index, &self.flavour, &self.observe);
-        let metrics = &prepared.metrics;
-        metrics.decided(d, || self.flavour.matched_route(req));
-        let v = at.verdict(d, &prepared.fields);
-        match d.outcome() {
-            Outcome::Allowed { wait } => {
-                let settle = self.flavour.settles().then(|| {
-                    let (me, key, policy) = (Arc::clone(self), key.clone(), at.policy.clone());
-                    let reserved = at.cost;
-                    // This request took the last unit of an enforced limit: counted, it bans.
-                    let shadow = policy.shadow_mask();
-                    let ban = self.ban.filter(|_| {
-                        d.limits()
-                            .iter()
-                            .enumerate()
-                            .any(|(i, r)| shadow & (1 << i) == 0 && r.remaining() == 0)
-                    });
-                    Settlement {
-                        reserved,
-                        settle: Box::new(move |actual| {
-                            if actual != reserved {
-                                me.store
-                                    .settle(&key, &policy, reserved, actual)
-                                    .detach("a settled cost");
-                            }
-                            if let (Some(ban), true) = (ban, actual > 0) {
-                                me.store.ban(&key, &policy, ban).detach("a ban");
-                            }
-                        }),
-                    }
+    let prepared = at.installed.prepared(at.index, &l.flavour, &l.observe);
+    let metrics = &prepared.metrics;
+    metrics.decided(d, || l.flavour.matched_route(req));
+    let v = at.verdict(d, &prepared.fields);
+    match d.outcome() {
+        Outcome::Allowed { wait } => {
+            let settle = l.flavour.settles().then(|| {
+                let (core, key, policy) = (Arc::clone(core), key.clone(), at.policy.clone());
+                let reserved = at.cost;
+                // This request took the last unit of an enforced limit: counted, it bans.
+                let shadow = policy.shadow_mask();
+                let ban = l.ban.filter(|_| {
+                    d.limits()
+                        .iter()
+                        .enumerate()
+                        .any(|(i, r)| shadow & (1 << i) == 0 && r.remaining() == 0)
                 });
-                // Queued until the inner service has the request (the guard disarmed), or
-                // until its units go back (the guard dropped first): either way the
-                // closure drops, and with it the request's place in the queued gauge.
-                let refund = (!wait.is_zero()).then(|| {
-                    let (me, policy, cost) = (Arc::clone(self), at.policy.clone(), at.cost);
-                    let queued = metrics.queued();
-                    RefundGuard::new(move || {
-                        drop(queued);
-                        me.store.refund(&key, &policy, cost)
-                    })
-                });
-                Next::Proceed {
-                    wait,
-                    extra: self.flavour.admit(req, &v, settle),
-                    refund,
+                Settlement {
+                    reserved,
+                    settle: Box::new(move |actual| {
+                        let store = &core.part.store;
+                        if actual != reserved {
+                            store
+                                .settle(&key, &policy, reserved, actual)
+                                .detach("a settled cost");
+                        }
+                        if let (Some(ban), true) = (ban, actual > 0) {
+                            store.ban(&key, &policy, ban).detach("a ban");
+                        }
+                    }),
                 }
+            });
+            // Queued until the inner service has the request (the guard disarmed), or
+            // until its units go back (the guard dropped first): either way the closure
+            // drops, and with it the request's place in the queued gauge.
+            let refund = (!wait.is_zero()).then(|| {
+                let (core, policy, cost) = (Arc::clone(core), at.policy.clone(), at.cost);
+                let queued = metrics.queued();
+                RefundGuard::new(move || {
+                    drop(queued);
+                    core.part.store.refund(&key, &policy, cost)
+                })
+            });
+            Next::Proceed {
+                wait,
+                extra: l.flavour.admit(req, &v, settle),
+                refund,
             }
-            _ => Next::Refuse(self.flavour.refuse(req, &v)),
         }
+        _ => Next::Refuse(l.flavour.refuse(req, &v)),
     }
+}
 
-    /// A request the store queued whose slot comes after its deadline: its units go back
-    /// at once (the slot is free for the next request), and it is refused with the slot's
-    /// wait as its retry-after (then it is served at once, whatever deadline it carries),
-    /// counted and logged apart from the other refusals (`deadline`).
-    #[cold]
-    fn late<Req, K>(
-        &self,
-        req: &mut Req,
-        at: &At<'_, F::Prepared>,
-        key: Option<K>,
-        d: &Decision,
-        wait: Duration,
-    ) -> Next<F::Refusal, F::Extra>
-    where
-        F: Flavour<Req>,
-        K: StoredKey,
-        St: Store<Option<K>>,
-    {
-        self.store.refund(&key, at.policy, at.cost);
-        let prepared = at
-            .installed
-            .prepared(at.index, &self.flavour, &self.observe);
-        prepared.metrics.late(|| self.flavour.matched_route(req));
-        let name = at.installed.set.entry(at.index).name.as_deref();
-        let late = late_decision(d, at.policy, wait);
-        self.observe
-            .late(name, &|| self.flavour.route(req), &key, &late);
-        Next::Refuse(self.flavour.late(req, &at.verdict(&late, &prepared.fields)))
-    }
+/// A request the store queued whose slot comes after its deadline: its units go back at
+/// once (the slot is free for the next request), and it is refused with the slot's wait
+/// as its retry-after (then it is served at once, whatever deadline it carries), counted
+/// and logged apart from the other refusals (`deadline`).
+#[cold]
+fn late<Req, K, St, C, F>(
+    l: &Limiter<St, C, F>,
+    req: &mut Req,
+    at: &At<'_, F::Prepared>,
+    key: Option<K>,
+    d: &Decision,
+    wait: Duration,
+) -> Next<F::Refusal, F::Extra>
+where
+    F: Flavour<Req>,
+    K: StoredKey,
+    St: Store<Option<K>>,
+{
+    l.store.refund(&key, at.policy, at.cost);
+    let prepared = at.installed.prepared(at.index, &l.flavour, &l.observe);
+    prepared.metrics.late(|| l.flavour.matched_route(req));
+    let name = at.installed.set.entry(at.index).name.as_deref();
+    let late = late_decision(d, at.policy, wait);
+    l.observe.late(name, &|| l.flavour.route(req), &key, &late);
+    Next::Refuse(l.flavour.late(req, &at.verdict(&late, &prepared.fields)))
 }
 
 /// A queued request's decision turned into its refusal for a deadline: refused, to retry

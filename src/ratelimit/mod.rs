@@ -32,5 +32,6 @@ mod settings;
 
 pub use self::answer::DecisionEvent;
 pub use self::builder::Builder;
-pub(crate) use self::layer::rate_limit_layer;
+pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
+pub use self::service::RateLimit;

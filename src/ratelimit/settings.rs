@@ -4,8 +4,9 @@
 use std::{hash::Hash, sync::Arc, time::Duration};
 
 use crate::algorithm::Limit;
+use crate::core::CommonOptions;
 use crate::error::ConfigError;
-use crate::options::{KeyList, MissingKey, OnStoreError};
+use crate::options::KeyList;
 use crate::policy::{choose::Chooser, IntoPolicy, Policy, PolicySet};
 use crate::store::{MemoryStore, Store};
 
@@ -21,10 +22,9 @@ pub(crate) struct Settings {
     /// Every name the selector can return, when they are a closed set.
     pub(crate) names: Option<&'static [&'static str]>,
     error: Option<ConfigError>,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
+    /// The layer's name, what becomes of keyless requests and of store failures.
+    pub(crate) common: CommonOptions,
     pub(crate) max_bytes: Option<usize>,
-    pub(crate) label: Arc<str>,
     pub(crate) allow_keys: Option<KeyList>,
     pub(crate) deny_keys: Option<KeyList>,
     /// How long a key is refused once a counted response exhausts its limit.
@@ -43,10 +43,8 @@ impl Default for Settings {
             set: None,
             names: None,
             error: None,
-            missing: MissingKey::default(),
-            on_error: OnStoreError::default(),
+            common: CommonOptions::new("tollgate"),
             max_bytes: None,
-            label: "tollgate".into(),
             allow_keys: None,
             deny_keys: None,
             ban: None,
@@ -57,6 +55,11 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The layer's name.
+    pub(crate) fn label(&self) -> Arc<str> {
+        self.common.label.as_str().into()
+    }
+
     /// Keeps `error` for `build`, unless an earlier one is kept already.
     pub(crate) fn fail(&mut self, error: ConfigError) {
         self.error.get_or_insert(error);
@@ -121,7 +124,8 @@ impl Settings {
         K: Hash + Eq + Clone + Send + Sync + 'static,
     {
         let set = self.take_set()?.ok_or(ConfigError::NoLimits)?;
-        let store = MemoryStore::for_layer(set.fallback().clone(), &self.label, self.max_bytes)?;
+        let store =
+            MemoryStore::for_layer(set.fallback().clone(), &self.common.label, self.max_bytes)?;
         Ok((set, store))
     }
 

@@ -126,7 +126,7 @@ impl Breaker {
     /// otherwise made, its failure or missed deadline counted toward opening it.
     /// `changed` hears each change of state the call's outcome makes. A `deadline` may be
     /// shorter than the store's own (the time the request has left, a
-    /// [`Budget`](super::deadline::Budget)): a call that misses it counts all the same, as
+    /// [`Budget`](crate::store::Budget)): a call that misses it counts all the same, as
     /// Redis did not answer in the time the request had.
     pub(crate) async fn call<T, F>(
         &self,

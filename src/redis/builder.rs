@@ -7,7 +7,6 @@ use super::claims::{self, Claim};
 use super::{breaker::Breaker, connection::RedisConnection, deadline, keys, KeyNames};
 use crate::clock::{Clock, TokioClock};
 use crate::error::ConfigError;
-use crate::setters::setters;
 
 /// The settings every Redis-backed store shares: a builder's field `common`, set by the
 /// setters of [`RedisBuilder`].
@@ -126,25 +125,32 @@ impl<S> RedisBuilder<S> {
         }
     }
 
-    setters! {
-        /// The first part of every key (default `tollgate`): an application's, when several
-        /// share one Redis. Printable ASCII, no spaces or braces. Stores share a key's state
-        /// only when they share the namespace and the store's name (see the
-        /// [module docs](crate::store::redis#identity-which-stores-share-state)).
-        namespace(namespace: impl Into<String>) => common.namespace = namespace.into();
+    /// The first part of every key (default `tollgate`): an application's, when several
+    /// share one Redis. Printable ASCII, no spaces or braces. Stores share a key's state
+    /// only when they share the namespace and the store's name (see the
+    /// [module docs](crate::store::redis#identity-which-stores-share-state)).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.common.namespace = namespace.into();
+        self
+    }
 
-        /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A
-        /// call that misses it counts as a failure, which the store's failure policy (a
-        /// [`RedisStore`](crate::store::RedisStore)) or the layer's `OnStoreError` (in-flight
-        /// and fair-share stores) answers.
-        deadline(deadline: Duration) => common.deadline;
+    /// The most one Redis call, and so a decision, may wait for Redis (default 20 ms). A
+    /// call that misses it counts as a failure, which the store's failure policy (a
+    /// [`RedisStore`](crate::store::RedisStore)) or the layer's `OnStoreError` (in-flight
+    /// and fair-share stores) answers.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.common.deadline = deadline;
+        self
+    }
 
-        /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
-        /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
-        /// meanwhile no call goes out and requests get the failure answer at once instead of
-        /// each waiting out the deadline. Then one probe call goes through and closes it again
-        /// on success. (An in-flight store gives leases back whatever its state.)
-        breaker(failures: u32, cooldown: Duration) => common.breaker = (failures, cooldown);
+    /// The circuit breaker opens after `failures` consecutive failed or timed-out calls
+    /// (default 3) and stays open for `cooldown` (default 500 ms, on the store's clock):
+    /// meanwhile no call goes out and requests get the failure answer at once instead of
+    /// each waiting out the deadline. Then one probe call goes through and closes it again
+    /// on success. (An in-flight store gives leases back whatever its state.)
+    pub fn breaker(mut self, failures: u32, cooldown: Duration) -> Self {
+        self.common.breaker = (failures, cooldown);
+        self
     }
 }
 

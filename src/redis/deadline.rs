@@ -1,14 +1,8 @@
-//! The deadline every Redis call goes out under, and the budget one request shares across
-//! the stores of every layer it passes.
+//! The deadline every Redis call goes out under.
 
 use std::{
-    cell::RefCell,
     future::Future,
     pin::Pin,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -61,104 +55,4 @@ pub(crate) fn check(deadline: Duration) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-/// The time one request may wait for Redis, however many Redis-backed layers it passes:
-/// the deadline of the first store that calls Redis for it, drawn down by every call's
-/// wait. A later store's call gets what is left (at most its own deadline); with nothing
-/// left it decides by its failure policy at once. The HTTP rate-limit layer keeps it in
-/// the request's extensions; clones share it.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Budget(Arc<Spent>);
-
-#[derive(Debug, Default)]
-struct Spent {
-    /// The budget in ns; 0 until a store's call starts it.
-    total: AtomicU64,
-    /// The time the request has waited for Redis so far, in ns.
-    waited: AtomicU64,
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-impl Budget {
-    /// The deadline of a call by a store whose own deadline is `own`: `own` for the first
-    /// call (which sets the budget to `own`), otherwise what is left, at most `own`.
-    pub(crate) fn allow(&self, own: Duration) -> Duration {
-        let own = nanos(own).max(1);
-        let total = match self
-            .0
-            .total
-            .compare_exchange(0, own, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => own,
-            Err(set) => set,
-        };
-        let left = total.saturating_sub(self.0.waited.load(Ordering::Acquire));
-        Duration::from_nanos(left.min(own))
-    }
-
-    /// Counts `waited` against the budget.
-    pub(crate) fn spend(&self, waited: Duration) {
-        self.0.waited.fetch_add(nanos(waited), Ordering::AcqRel);
-    }
-}
-
-thread_local! {
-    /// The budget of the request whose store call is being made on this thread.
-    static CURRENT: RefCell<Option<Budget>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` (a layer asking its store) with `budget` as the current request's: a Redis
-/// store's call made inside `f` draws on it.
-pub(crate) fn with_budget<R>(budget: &Budget, f: impl FnOnce() -> R) -> R {
-    /// Puts the previous budget back, also when `f` panics.
-    struct Restore(Option<Budget>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0.take();
-            CURRENT.with(|c| *c.borrow_mut() = previous);
-        }
-    }
-    let previous = CURRENT.with(|c| c.borrow_mut().replace(budget.clone()));
-    let _restore = Restore(previous);
-    f()
-}
-
-/// The budget of the request being decided on this thread, if its layer carries one.
-pub(crate) fn current_budget() -> Option<Budget> {
-    CURRENT.with(|c| c.borrow().clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_call_sets_the_budget_and_later_ones_get_what_is_left() {
-        let b = Budget::default();
-        assert_eq!(
-            b.allow(Duration::from_millis(20)),
-            Duration::from_millis(20)
-        );
-        b.spend(Duration::from_millis(15));
-        assert_eq!(b.allow(Duration::from_millis(50)), Duration::from_millis(5));
-        assert_eq!(b.allow(Duration::from_millis(2)), Duration::from_millis(2));
-        b.spend(Duration::from_millis(15));
-        assert_eq!(b.allow(Duration::from_millis(20)), Duration::ZERO);
-    }
-
-    #[test]
-    fn the_budget_is_current_only_inside_the_call() {
-        let b = Budget::default();
-        assert!(current_budget().is_none());
-        with_budget(&b, || {
-            let inner = current_budget().expect("set");
-            inner.spend(Duration::from_millis(3));
-        });
-        assert!(current_budget().is_none());
-        assert_eq!(b.allow(Duration::from_millis(10)), Duration::from_millis(7));
-    }
 }

@@ -24,7 +24,7 @@ pub use builder::RedisBuilder;
 pub(crate) use claims::{policies_claim, Claim};
 pub(crate) use connection::Conn;
 pub use connection::RedisConnection;
-pub(crate) use deadline::{current_budget, with_budget, within, Budget};
+pub(crate) use deadline::within;
 pub(crate) use fleet::Fleet;
 pub(crate) use keys::{push_sha1_hex, store_prefix, KeyNames};
 pub(crate) use script::{run, Invocation};

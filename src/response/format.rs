@@ -88,7 +88,7 @@ impl Default for Answers {
 /// One policy's header values and bodies, formatted once when the policy is installed.
 /// Values that depend on which limits a key is shadowed from are kept per subset of the
 /// policy's limits (bit `i`: limit `i`), at most 16.
-pub struct Fields {
+pub(crate) struct Fields {
     /// `RateLimit-Policy` for each subset of limits enforced for a key.
     policy_values: Vec<HeaderValue>,
     /// `"name";r=` of each limit.
@@ -150,7 +150,7 @@ impl fmt::Debug for Fields {
 /// Headers to add to an admitted response, formatted in `call`. Kept small: it travels
 /// inside every response future.
 #[derive(Debug, Default)]
-pub struct ResponseHeaders {
+pub(crate) struct ResponseHeaders {
     rate_limit: Option<HeaderValue>,
     policy: Option<HeaderValue>,
     legacy: Option<Box<[HeaderValue; 3]>>,

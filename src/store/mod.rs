@@ -1,5 +1,6 @@
 #![doc = include_str!("../docs/stores.md")]
 
+mod budget;
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
@@ -29,6 +30,7 @@ pub use self::redis::RedisConnection;
 pub use self::redis::RedisStore;
 pub use crate::key::KeyBytes;
 pub use crate::options::OnStoreError;
+pub use budget::Budget;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub(crate) use memory::DEFAULT_MAX_BYTES;
@@ -66,6 +68,21 @@ pub trait Store<K>: Send + Sync + 'static {
 
     /// Decides for `key` under `policy` and charges `cost` when admitted.
     fn decide(&self, key: &K, policy: &Policy, cost: u64) -> StoreFuture<Decision>;
+
+    /// [`Store::decide`] for a request that may wait at most what `budget` has left for
+    /// its stores (a request through several layers backed by network stores waits one
+    /// deadline in all). A network store calls with at most [`Budget::allow`] and counts
+    /// its wait with [`Budget::spend`]; the default ignores the budget.
+    fn decide_within(
+        &self,
+        key: &K,
+        policy: &Policy,
+        cost: u64,
+        budget: &Budget,
+    ) -> StoreFuture<Decision> {
+        let _ = budget;
+        self.decide(key, policy, cost)
+    }
 
     /// Decides for `key` under `policy` without charging anything.
     fn preview(&self, key: &K, policy: &Policy, cost: u64) -> StoreFuture<Decision>;
@@ -209,6 +226,9 @@ impl<K, S: Store<K> + ?Sized> Store<K> for std::sync::Arc<S> {
     }
     fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
         (**self).decide(key, policy, cost)
+    }
+    fn decide_within(&self, key: &K, policy: &Policy, cost: u64, budget: &Budget) -> CheckFuture {
+        (**self).decide_within(key, policy, cost, budget)
     }
     fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
         (**self).preview(key, policy, cost)

@@ -13,7 +13,6 @@ use crate::error::ConfigError;
 use crate::observe::StoreMetrics;
 use crate::policy::Policy;
 use crate::redis::{policies_claim, Claim, Fleet, OwnClock, RedisBuilder, RedisConnection};
-use crate::setters::setters;
 use crate::store::DEFAULT_MAX_BYTES;
 
 /// The kind part of the rate store's key names (with the layout's version): one key per
@@ -70,48 +69,64 @@ impl RedisStore {
 
 /// A [`RedisStore`]'s own setters.
 impl RedisBuilder<ForRedisStore> {
-    setters! {
-        /// What to decide when Redis fails (default [`FailurePolicy::FleetShare`]: a local
-        /// fallback at `1 / N` of each quota, `N` the instances counted on Redis).
-        failure_policy(policy: FailurePolicy) => own.failure;
+    /// What to decide when Redis fails (default [`FailurePolicy::FleetShare`]: a local
+    /// fallback at `1 / N` of each quota, `N` the instances counted on Redis).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.own.failure = policy;
+        self
+    }
 
-        /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
-        /// off.
-        negative_cache(max_keys: usize) => own.negative_cache;
+    /// How many refused keys the negative cache remembers (default 10 000); 0 turns it
+    /// off.
+    pub fn negative_cache(mut self, max_keys: usize) -> Self {
+        self.own.negative_cache = max_keys;
+        self
+    }
 
-        /// Writes short printable keys into Redis key names as they are (for debugging),
-        /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
-        /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
-        readable_keys(readable: bool) => own.readable_keys;
+    /// Writes short printable keys into Redis key names as they are (for debugging),
+    /// instead of their SHA-1 (the default, which keeps API keys and addresses out of
+    /// `SCAN` and `MONITOR` output). Instances sharing state must agree on this.
+    pub fn readable_keys(mut self, readable: bool) -> Self {
+        self.own.readable_keys = readable;
+        self
+    }
 
-        /// Coalesces concurrent decisions into one script call (default on). A request that
-        /// finds no call of its connection in flight goes out at once, alone, as without
-        /// batching, so an idle caller never waits; requests made while a call is in flight
-        /// queue and go out together, up to 128 in one call of a batch script that decides
-        /// them in arrival order, each exactly as its own call would be; once 32 wait behind
-        /// a batch call, they go out as a second one without waiting for it (at most two in
-        /// flight, so client and server work at once under load). Each request keeps
-        /// its own deadline, counts in the circuit breaker on its own and gets the failure
-        /// policy on its own; a failed batch call fails each request in it. On a Redis
-        /// Cluster connection calls are never batched (the keys of one call would have to
-        /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
-        /// stores built on clones of one connection batch together. A
-        /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
-        /// does not batch; the local fallback's background pushes after an outage go through
-        /// the batcher either way. See the [module docs](super).
-        batching(on: bool) => own.batching;
+    /// Coalesces concurrent decisions into one script call (default on). A request that
+    /// finds no call of its connection in flight goes out at once, alone, as without
+    /// batching, so an idle caller never waits; requests made while a call is in flight
+    /// queue and go out together, up to 128 in one call of a batch script that decides
+    /// them in arrival order, each exactly as its own call would be; once 32 wait behind
+    /// a batch call, they go out as a second one without waiting for it (at most two in
+    /// flight, so client and server work at once under load). Each request keeps
+    /// its own deadline, counts in the circuit breaker on its own and gets the failure
+    /// policy on its own; a failed batch call fails each request in it. On a Redis
+    /// Cluster connection calls are never batched (the keys of one call would have to
+    /// share a slot). The batcher belongs to the [`RedisConnection`] and its clones:
+    /// stores built on clones of one connection batch together. A
+    /// [`LocalFirstStore`](super::LocalFirstStore), whose calls are off the request path,
+    /// does not batch; the local fallback's background pushes after an outage go through
+    /// the batcher either way. See the [module docs](super).
+    pub fn batching(mut self, on: bool) -> Self {
+        self.own.batching = on;
+        self
+    }
 
-        /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
-        /// fallback state of a [`RedisStore`], the local state of a
-        /// [`LocalFirstStore`](super::LocalFirstStore).
-        max_bytes(bytes: usize) => own.max_bytes;
+    /// Bounds the memory of the per-instance state, in bytes (default 32 MiB): the local
+    /// fallback state of a [`RedisStore`], the local state of a
+    /// [`LocalFirstStore`](super::LocalFirstStore).
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.own.max_bytes = bytes;
+        self
+    }
 
-        /// The fewest instances [`FailurePolicy::FleetShare`] assumes (default 1): the
-        /// fallback's share is `1 / max(N, floor)`, `N` the instances counted on Redis. Set
-        /// it to the size your fleet never drops below, so that an instance that has not
-        /// counted the fleet (started while Redis was unreachable, or under a Redis user
-        /// that may not write the fleet's key) does not fall back at the whole quota.
-        fleet_floor(instances: u32) => own.fleet_floor;
+    /// The fewest instances [`FailurePolicy::FleetShare`] assumes (default 1): the
+    /// fallback's share is `1 / max(N, floor)`, `N` the instances counted on Redis. Set
+    /// it to the size your fleet never drops below, so that an instance that has not
+    /// counted the fleet (started while Redis was unreachable, or under a Redis user
+    /// that may not write the fleet's key) does not fall back at the whole quota.
+    pub fn fleet_floor(mut self, instances: u32) -> Self {
+        self.own.fleet_floor = instances;
+        self
     }
 
     /// Refuses a bad namespace or name and a policy the scripts cannot decide exactly.

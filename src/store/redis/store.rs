@@ -16,10 +16,9 @@ use crate::key::KeyBytes;
 use crate::observe::StoreMetrics;
 use crate::policy::{Policy, PolicySet};
 use crate::redis::{
-    current_budget, policies_claim, within, Breaker, BreakerState, Budget, Claim, Fleet, KeyNames,
-    RedisConnection,
+    policies_claim, within, Breaker, BreakerState, Claim, Fleet, KeyNames, RedisConnection,
 };
-use crate::store::{CheckFuture, Store, StoreFuture};
+use crate::store::{Budget, CheckFuture, Store, StoreFuture};
 
 /// The shared store: every instance decides through one Lua script on Redis, so a limit
 /// holds across the fleet. Cheap to clone. See the [module docs](super).
@@ -287,12 +286,24 @@ impl RedisStore {
     /// Decides for `key` under the store's policy and charges `cost` when admitted, as a
     /// layer would (deadline, breaker, negative cache and failure policy included).
     pub fn check<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), &self.inner.policy, Mode::Check, cost)
+        self.call(
+            self.redis_key(key),
+            &self.inner.policy,
+            Mode::Check,
+            cost,
+            None,
+        )
     }
 
     /// [`RedisStore::check`] without charging anything.
     pub fn peek<K: KeyBytes + ?Sized>(&self, key: &K, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), &self.inner.policy, Mode::Peek, cost)
+        self.call(
+            self.redis_key(key),
+            &self.inner.policy,
+            Mode::Peek,
+            cost,
+            None,
+        )
     }
 
     /// The circuit breaker's state now.
@@ -354,7 +365,14 @@ impl RedisStore {
         })
     }
 
-    fn call(&self, key: Vec<u8>, policy: &Policy, mode: Mode, cost: u64) -> CheckFuture {
+    fn call(
+        &self,
+        key: Vec<u8>,
+        policy: &Policy,
+        mode: Mode,
+        cost: u64,
+        budget: Option<&Budget>,
+    ) -> CheckFuture {
         if mode == Mode::Check {
             if let Some(n) = &self.inner.negative {
                 if let Some(d) = n.lookup(&key, policy.fingerprint(), cost, self.inner.clock.now())
@@ -366,7 +384,7 @@ impl RedisStore {
         if let Some(fleet) = &self.inner.fleet {
             fleet.start();
         }
-        let budget = current_budget();
+        let budget = budget.cloned();
         CheckFuture::boxed(
             self.inner
                 .clone()
@@ -392,11 +410,17 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
     }
 
     fn decide(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), policy, Mode::Check, cost)
+        self.call(self.redis_key(key), policy, Mode::Check, cost, None)
+    }
+
+    /// The call's deadline is at most what `budget` has left; its wait is counted against
+    /// it. With nothing left, the failure policy decides at once, without a call.
+    fn decide_within(&self, key: &K, policy: &Policy, cost: u64, budget: &Budget) -> CheckFuture {
+        self.call(self.redis_key(key), policy, Mode::Check, cost, Some(budget))
     }
 
     fn preview(&self, key: &K, policy: &Policy, cost: u64) -> CheckFuture {
-        self.call(self.redis_key(key), policy, Mode::Peek, cost)
+        self.call(self.redis_key(key), policy, Mode::Peek, cost, None)
     }
 
     /// One script call: a charge whatever the limits (the script's sync mode) or a
