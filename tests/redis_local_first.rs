@@ -191,6 +191,8 @@ fn local_first_runs_on_the_store_clock() {
         RedisStore::builder("limit", limit.clone())
             .namespace("lf-clock")
             .clock(clock.clone())
+            // Clocks, not latency: a loaded machine must not fail a sync.
+            .deadline(Duration::from_secs(5))
             .build_local_first(conn, INTERVAL)
             .unwrap()
     };

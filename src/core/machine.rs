@@ -276,11 +276,18 @@ impl<S, Req, O, H, D> Machine<S, Req, S::Future, O, H, D>
 where
     S: Service<Req>,
 {
-    /// The state for `begin`: refused, called at once, queued, or waiting for a decision.
-    /// Inlined into the service's `call`, so that a request called at once has its inner
-    /// future written once, into the caller's future.
+    /// The layer's response future for `begin`, `wrap` making it from the state: refused,
+    /// called at once, queued, or waiting for a decision. Inlined into the service's
+    /// `call`; each branch builds the future itself, so that a request called at once has
+    /// its inner future written once, into the caller's future, not into a state first
+    /// and then moved.
     #[inline(always)]
-    pub(crate) fn start(begin: Begin<O, H, D>, inner: &mut S, req: Req) -> Self
+    pub(crate) fn start<T>(
+        begin: Begin<O, H, D>,
+        inner: &mut S,
+        req: Req,
+        wrap: impl FnOnce(Self) -> T,
+    ) -> T
     where
         S: Clone,
     {
@@ -291,16 +298,16 @@ where
                 wait,
                 extra,
                 refund: None,
-            }) if wait.is_zero() => Machine::Calling {
+            }) if wait.is_zero() => wrap(Machine::Calling {
                 future: inner.call(req),
                 extra,
-            },
-            Begin::Unlimited => Machine::Calling {
+            }),
+            Begin::Unlimited => wrap(Machine::Calling {
                 future: inner.call(req),
                 extra: None,
-            },
-            Begin::Now(next) => Self::from_next(next, inner, req),
-            Begin::Later(decide) => Self::later(decide, take_ready(inner), req),
+            }),
+            Begin::Now(next) => wrap(Self::from_next(next, inner, req)),
+            Begin::Later(decide) => wrap(Self::later(decide, take_ready(inner), req)),
         }
     }
 

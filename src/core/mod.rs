@@ -55,15 +55,27 @@ pub(crate) trait Part<Req, K>: Sized {
     fn keyless(&self, common: &Common, req: &Req, status: StatusCode) -> Self::Answer;
 }
 
+/// A layer's machine for one request, as its service's `call` makes it.
+pub(crate) type MachineOf<S, Req, P, K> = Machine<
+    S,
+    Req,
+    <S as Service<Req>>::Future,
+    <P as Part<Req, K>>::Answer,
+    <P as Part<Req, K>>::Extra,
+    <P as Part<Req, K>>::Later,
+>;
+
 impl<X, P> Core<X, P> {
-    /// `req`'s machine: its key read, its layer's decision, and `inner` called now, later
-    /// or never.
+    /// `req`'s response future: its key read, its layer's decision, and `inner` called
+    /// now, later or never. `future` is the layer's response future around the machine
+    /// (its constructor: the future is built in place, see [`Machine::start`]).
     #[inline(always)]
-    pub(crate) fn call<S, Req>(
+    pub(crate) fn call<S, Req, F>(
         self: &Arc<Self>,
         inner: &mut S,
         mut req: Req,
-    ) -> Machine<S, Req, S::Future, P::Answer, P::Extra, P::Later>
+        future: impl FnOnce(MachineOf<S, Req, P, X::Key>) -> F,
+    ) -> F
     where
         S: Service<Req> + Clone,
         X: KeyExtractor<Req> + Send + Sync + 'static,
@@ -76,6 +88,6 @@ impl<X, P> Core<X, P> {
                 Begin::Now(Next::Refuse(self.part.keyless(&self.common, &req, status)))
             }
         };
-        Machine::start(begin, inner, req)
+        Machine::start(begin, inner, req, future)
     }
 }

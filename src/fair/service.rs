@@ -145,8 +145,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        ResponseFuture {
-            machine: self.core.call(&mut self.inner, req),
-        }
+        self.core
+            .call(&mut self.inner, req, |machine| ResponseFuture { machine })
     }
 }

@@ -85,8 +85,7 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        ResponseFuture {
-            machine: self.core.call(&mut self.inner, req),
-        }
+        self.core
+            .call(&mut self.inner, req, |machine| ResponseFuture { machine })
     }
 }

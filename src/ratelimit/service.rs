@@ -93,17 +93,18 @@ where
     /// then the core.
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let limiter = &self.core.part;
-        let machine = match limiter.flavour.access.screen(&req) {
-            Screen::Limit => self.core.call(&mut self.inner, req),
+        let future = |machine| ResponseFuture { machine };
+        match limiter.flavour.access.screen(&req) {
+            Screen::Limit => self.core.call(&mut self.inner, req, future),
             Screen::Exempt => {
                 limiter.observe.exempt();
-                Machine::start(Begin::Unlimited, &mut self.inner, req)
+                Machine::start(Begin::Unlimited, &mut self.inner, req, future)
             }
             Screen::Deny => {
                 let refusal = limiter.deny(&req);
-                Machine::start(Begin::Now(Next::Refuse(refusal)), &mut self.inner, req)
+                let begin = Begin::Now(Next::Refuse(refusal));
+                Machine::start(begin, &mut self.inner, req, future)
             }
-        };
-        ResponseFuture { machine }
+        }
     }
 }
