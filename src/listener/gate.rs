@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::limits::WhenFull;
 use super::progress::{Close, Timing};
 use super::slots::{SlotRef, Slots};
 use super::watch::{Refusal, Watch};
@@ -19,6 +18,26 @@ use crate::store::MemoryStore;
 /// Connections evicted and not yet closed, at most: past it, new connections wait in the
 /// backlog for them to close.
 pub(super) const MAX_EVICTING: u32 = 32;
+
+/// What gives way when a [`LimitedListener`](super::LimitedListener) holds as many
+/// connections as [`ConnectionLimits::max_total`](super::ConnectionLimits::max_total)
+/// allows and a new one arrives.
+///
+/// See the [module docs](super).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WhenFull {
+    /// The open connection that has made the least progress while the server waits on it
+    /// is closed, and the new one admitted in its place: the one idle the longest, or
+    /// whose head or body lags its minimum rate the most (among the next 1 024 open
+    /// connections, taken in turn). A connection in the server's turn (its request read
+    /// whole, its response not yet written) never gives way; when every one is, the new
+    /// connection is refused.
+    #[default]
+    CloseStalest,
+    /// The new connection is refused (reset at accept).
+    Refuse,
+}
 
 /// What every connection of one listener shares: its limits, the counts of open
 /// connections, and its observer.

@@ -10,7 +10,7 @@
 //! Malformed framing is read leniently: the server refuses such a request and closes the
 //! connection, so what the listener makes of it does not last.
 
-use super::track::Phase;
+use super::progress::Phase;
 
 /// Requests in flight the listener follows; one more pipelined behind the responses, and
 /// it stops reading the connection ([`Phase::Opaque`]).

@@ -2,7 +2,7 @@
 //! (RFC 9113 §4.1), and from them the streams open, whose turn each is, and whether the
 //! connection is idle. Payloads are skipped, never kept.
 
-use super::track::Phase;
+use super::progress::Phase;
 
 /// Streams followed at once; more are not followed (a server allows 200 by default).
 const MAX_STREAMS: usize = 256;

@@ -1,6 +1,6 @@
 //! [`ConnectionLimits`]: what a [`LimitedListener`] enforces, set with builder setters
 //! (safe defaults on from [`ConnectionLimits::new`]) and checked when the listener is
-//! built; and [`WhenFull`], what gives way when it is full.
+//! built.
 
 use std::io;
 use std::net::SocketAddr;
@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::accept::LimitedListener;
-use super::gate::Gate;
+use super::gate::{Gate, WhenFull};
 use super::progress::{nanos, Rate, Timing};
 use super::watch::Watch;
 use crate::algorithm::Limit;
@@ -29,25 +29,6 @@ const MIN_RATE: u32 = 240;
 const GRACE: Duration = Duration::from_secs(5);
 /// The listen backlog of [`ConnectionLimits::bind`].
 const BACKLOG: u32 = 4096;
-
-/// What gives way when a [`LimitedListener`] holds as many connections as
-/// [`ConnectionLimits::max_total`] allows and a new one arrives.
-///
-/// See the [module docs](super).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WhenFull {
-    /// The open connection that has made the least progress while the server waits on it
-    /// is closed, and the new one admitted in its place: the one idle the longest, or
-    /// whose head or body lags its minimum rate the most (among the next 1 024 open
-    /// connections, taken in turn). A connection in the server's turn (its request read
-    /// whole, its response not yet written) never gives way; when every one is, the new
-    /// connection is refused.
-    #[default]
-    CloseStalest,
-    /// The new connection is refused (reset at accept).
-    Refuse,
-}
 
 /// The limits of a [`LimitedListener`]. [`ConnectionLimits::new`] starts from defaults
 /// that hold floods of slow clients on their own:

@@ -12,4 +12,5 @@ mod track;
 mod watch;
 
 pub use accept::LimitedListener;
-pub use limits::{ConnectionLimits, WhenFull};
+pub use gate::WhenFull;
+pub use limits::ConnectionLimits;

@@ -16,7 +16,21 @@
 
 use std::time::Duration;
 
-use super::track::Phase;
+/// Where a connection stands, as its bytes tell it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// The server waits for a request: none of its bytes yet.
+    Waiting,
+    /// A request head under way.
+    Head,
+    /// A request body under way (HTTP/2: a stream the client is still sending, or a frame
+    /// half read).
+    Body,
+    /// The server's turn: a request read whole and not yet answered.
+    Server,
+    /// Bytes the listener cannot read: TLS, or a connection upgraded to another protocol.
+    Opaque,
+}
 
 /// A minimum rate: the time a byte pays for, and how far the connection may lag behind it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,8 +13,8 @@ use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use super::gate::Place;
-use super::progress::{Clock, Close};
-use super::track::{Found, Phase, Track};
+use super::progress::{Clock, Close, Phase};
+use super::track::{Found, Track};
 
 /// A connection admitted by a [`LimitedListener`](super::LimitedListener): the TCP stream,
 /// its place in the listener's counts (given back when it is dropped), and where its

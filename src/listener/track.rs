@@ -3,22 +3,7 @@
 
 use super::http1::Http1;
 use super::http2::Http2;
-
-/// Where a connection stands, as its bytes tell it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Phase {
-    /// The server waits for a request: none of its bytes yet.
-    Waiting,
-    /// A request head under way.
-    Head,
-    /// A request body under way (HTTP/2: a stream the client is still sending, or a frame
-    /// half read).
-    Body,
-    /// The server's turn: a request read whole and not yet answered.
-    Server,
-    /// Bytes the listener cannot read: TLS, or a connection upgraded to another protocol.
-    Opaque,
-}
+use super::progress::Phase;
 
 /// The HTTP/2 connection preface a client sends first (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
