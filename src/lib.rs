@@ -46,6 +46,12 @@ pub use quota::Quota;
 pub use ratelimit::RateLimitLayer;
 
 /// The README's snippets, compiled and run as doctests.
-#[cfg(all(doctest, feature = "axum", feature = "json", feature = "redis"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "json",
+    feature = "listener",
+    feature = "redis"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
