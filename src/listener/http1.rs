@@ -350,8 +350,20 @@ impl Head {
     fn feed(&mut self, bytes: &[u8], side: Side) -> Option<usize> {
         let mut i = 0;
         while i < bytes.len() {
-            if self.line == Line::Skip {
-                i += bytes[i..].iter().position(|&b| b == b'\n')?;
+            match self.line {
+                Line::Skip => i += memchr::memchr(b'\n', &bytes[i..])?,
+                // A whole field name in these bytes: looked up at once.
+                Line::Name if self.word.len == 0 => {
+                    let rest = &bytes[i..];
+                    let end = memchr::memchr2(b':', b'\n', rest);
+                    if let Some(n) = end.filter(|&n| rest[n] == b':' && n > 0) {
+                        self.filled = true;
+                        self.line = self.field(&rest[..n], side);
+                        i += n + 1;
+                        continue;
+                    }
+                }
+                _ => {}
             }
             let b = bytes[i];
             i += 1;
@@ -409,23 +421,32 @@ impl Head {
             }
             Line::Status(_) => self.line = Line::Skip,
             Line::Name if b == b':' => {
-                self.line = if self.word.is(b"content-length") {
-                    Line::Value(Field::ContentLength)
-                } else if self.word.is(b"transfer-encoding") {
-                    self.fields.transfer_encoding = true;
-                    Line::Value(Field::TransferEncoding)
-                } else if self.word.is(b"expect") && side == Side::Request {
-                    Line::Value(Field::Expect)
-                } else {
-                    Line::Skip
+                let word = self.word;
+                self.line = match word.bytes.get(..word.len as usize) {
+                    Some(name) => self.field(name, side),
+                    None => Line::Skip,
                 };
-                self.fields.number = None;
-                self.fields.matched = Match::Empty;
             }
             Line::Name if (self.word.len as usize) < Word::CAP => self.word.push(b),
             Line::Name => self.line = Line::Skip,
             Line::Value(field) => self.value_byte(field, b),
             Line::Skip => {}
+        }
+    }
+
+    /// How to read the value of the field `name` (as sent, or lowercased).
+    fn field(&mut self, name: &[u8], side: Side) -> Line {
+        self.fields.number = None;
+        self.fields.matched = Match::Empty;
+        if name.eq_ignore_ascii_case(b"content-length") {
+            Line::Value(Field::ContentLength)
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            self.fields.transfer_encoding = true;
+            Line::Value(Field::TransferEncoding)
+        } else if side == Side::Request && name.eq_ignore_ascii_case(b"expect") {
+            Line::Value(Field::Expect)
+        } else {
+            Line::Skip
         }
     }
 
@@ -520,7 +541,7 @@ impl Chunked {
                 continue;
             }
             if let Chunked::Extension(_) = self {
-                i += bytes[i..].iter().position(|&b| b == b'\n')?;
+                i += memchr::memchr(b'\n', &bytes[i..])?;
             }
             let b = bytes[i];
             i += 1;

@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -31,6 +31,11 @@ pub struct LimitedStream {
     clock: Clock,
     /// A wake-up at the deadline of a wait, made when a read first has to wait.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The waker of the task reading the connection, and whether the slot and the wake-up
+    /// have it (the wake-up: at its deadline, since that was last set).
+    waker: Option<Waker>,
+    slot_woken: bool,
+    sleep_polled: bool,
     /// Why the listener closed the connection.
     closed: Option<Close>,
     place: Place,
@@ -55,6 +60,9 @@ impl LimitedStream {
             track: Track::default(),
             clock,
             sleep: None,
+            waker: None,
+            slot_woken: false,
+            sleep_polled: false,
             closed: None,
             place,
         }
@@ -103,6 +111,12 @@ impl LimitedStream {
     /// for the listener and a wake-up set at its deadline, or why it is to be closed when
     /// that has passed.
     fn wait(&mut self, now: u64, cx: &mut Context<'_>) -> Option<Close> {
+        let new_waker = !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if new_waker {
+            self.waker = Some(cx.waker().clone());
+            self.slot_woken = false;
+            self.sleep_polled = false;
+        }
         if let Some((at, why)) = self.clock.deadline(&self.place.gate.timing) {
             if now >= at || self.passed(at, cx) {
                 return Some(why);
@@ -111,8 +125,9 @@ impl LimitedStream {
         // The waker first: a connection ranked is one the listener may evict and wake. An
         // eviction that took the waker kept before this one is seen here.
         let rank = self.clock.rank();
-        if rank.is_some() {
+        if rank.is_some() && !self.slot_woken {
             self.place.slot.wake_with(cx.waker());
+            self.slot_woken = true;
             if self.place.slot.evicted() {
                 return Some(Close::Evicted);
             }
@@ -124,18 +139,26 @@ impl LimitedStream {
     /// Whether `deadline` (on the connection's clock) has passed, registering for a wake-up
     /// at it if not. The wake-up set for an earlier deadline is kept, then moved on when it
     /// fires early.
+    /// Polled once per deadline set and waker: while neither changes nor the wake-up fires,
+    /// it is registered already.
     fn passed(&mut self, deadline: u64, cx: &mut Context<'_>) -> bool {
         let gate = &self.place.gate;
         let at = gate.epoch + std::time::Duration::from_nanos(deadline);
         let sleep = self
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if self.sleep_polled && sleep.deadline() <= at && !sleep.is_elapsed() {
+            return false;
+        }
         loop {
             if sleep.deadline() > at {
                 sleep.as_mut().reset(at);
             }
             match sleep.as_mut().poll(cx) {
-                Poll::Pending => return false,
+                Poll::Pending => {
+                    self.sleep_polled = true;
+                    return false;
+                }
                 Poll::Ready(()) if sleep.deadline() >= at => return true,
                 Poll::Ready(()) => sleep.as_mut().reset(at),
             }
