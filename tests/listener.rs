@@ -430,3 +430,31 @@ async fn when_full_the_connection_with_the_least_progress_gives_way() {
         assert_eq!(response(&mut s).await, "http/1.1 200 ok");
     }
 }
+
+/// `bind` reports a bad setting as `InvalidInput`, with the `ConfigError` inside; a good
+/// one listens, its total cap from the descriptor limit unless set.
+#[tokio::test]
+async fn bind_reports_a_bad_setting_and_listens_with_a_good_one() {
+    let err = ConnectionLimits::new()
+        .exempt(["10.0.0.0/33"])
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    let inner = err
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<tollgate::ConfigError>());
+    assert!(
+        matches!(inner, Some(tollgate::ConfigError::InvalidCidr(_))),
+        "{err}"
+    );
+
+    let listener = ConnectionLimits::new()
+        .max_total(7)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    assert_eq!(listener.max_connections(), Some(7));
+    let to = serve(listener);
+    assert!(answered(connect("127.0.0.24", to).await).await);
+}

@@ -249,6 +249,7 @@ fn attack(flood: Flood, addresses: impl Fn(u32) -> IpAddr) -> Outcome {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     room_for_the_flood();
     let mut server = Server::start();
+    assert_eq!(server.max, "Some(768)", "3/4 of 1 024 descriptors");
     let to = server.to;
     let count = Arc::new(Counts::default());
 

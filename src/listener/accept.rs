@@ -16,8 +16,10 @@ use super::stream::LimitedStream;
 /// connections may close meanwhile.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
-/// How long new connections wait in the backlog, at most, for evicted ones to close.
-const EVICTED_CLOSE_WAIT: Duration = Duration::from_millis(50);
+/// How long new connections wait in the backlog, at most, for evicted ones to close
+/// (each closes when its task next runs, later on a busy server), before the next is
+/// refused.
+const EVICTED_CLOSE_WAIT: Duration = Duration::from_millis(250);
 
 /// A `tokio::net::TcpListener` that enforces [`ConnectionLimits`](super::ConnectionLimits) as it accepts: a refused
 /// connection is closed at once, before any byte of it is read. It is an

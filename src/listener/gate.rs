@@ -124,7 +124,8 @@ impl Gate {
         }
         counts.total += 1;
         *counts.per.entry(group).or_insert(0) += 1;
-        let slot = counts.slots.take();
+        let accepted = self.now();
+        let slot = counts.slots.take(accepted);
         let open = counts.total;
         drop(counts);
         if evicted {
@@ -135,6 +136,7 @@ impl Gate {
             gate: Arc::clone(self),
             group,
             slot,
+            accepted,
         })
     }
 
@@ -190,6 +192,8 @@ pub(super) struct Place {
     pub(super) gate: Arc<Gate>,
     group: IpAddr,
     pub(super) slot: SlotRef,
+    /// When it was admitted, on the connections' clocks.
+    pub(super) accepted: u64,
 }
 
 impl Drop for Place {

@@ -89,8 +89,9 @@ pub(super) struct Slots {
 }
 
 impl Slots {
-    /// A slot for a new connection.
-    pub(super) fn take(&mut self) -> SlotRef {
+    /// A slot for a new connection, ranked `rank` (its accept: until its server first
+    /// reads it, it has made no progress since then).
+    pub(super) fn take(&mut self, rank: u64) -> SlotRef {
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -104,7 +105,7 @@ impl Slots {
         };
         let chunk = Arc::clone(&self.chunks[id as usize / CHUNK]);
         let slot = &chunk.slots[id as usize % CHUNK];
-        slot.rank.store(UNRANKED, Ordering::Relaxed);
+        slot.rank.store(rank, Ordering::Relaxed);
         slot.evicted.store(false, Ordering::Relaxed);
         *slot.waker.lock().unwrap_or_else(PoisonError::into_inner) = None;
         SlotRef { chunk, id }
@@ -169,7 +170,7 @@ mod tests {
     #[test]
     fn the_lowest_rank_is_evicted_and_unranked_slots_never() {
         let mut slots = Slots::default();
-        let conns: Vec<_> = (0..100).map(|_| slots.take()).collect();
+        let conns: Vec<_> = (0..100).map(|_| slots.take(UNRANKED)).collect();
         for (i, c) in conns.iter().enumerate() {
             c.rank(if i % 10 == 3 {
                 None
@@ -192,20 +193,29 @@ mod tests {
     #[test]
     fn a_slot_given_back_is_fresh_when_taken_again() {
         let mut slots = Slots::default();
-        let a = slots.take();
+        let a = slots.take(UNRANKED);
         a.rank(Some(5));
         assert!(slots.evict_stalest());
         assert!(slots.give_back(&a, 0));
-        let b = slots.take();
+        let b = slots.take(UNRANKED);
         assert_eq!(b.id, a.id);
         assert!(!b.evicted());
         assert!(!slots.evict_stalest());
     }
 
     #[test]
+    fn a_connection_not_yet_read_ranks_from_its_accept() {
+        let mut slots = Slots::default();
+        let older = slots.take(10);
+        let newer = slots.take(20);
+        assert!(slots.evict_stalest());
+        assert!(older.evicted() && !newer.evicted());
+    }
+
+    #[test]
     fn each_scan_looks_at_the_next_window() {
         let mut slots = Slots::default();
-        let conns: Vec<_> = (0..WINDOW + CHUNK).map(|_| slots.take()).collect();
+        let conns: Vec<_> = (0..WINDOW + CHUNK).map(|_| slots.take(UNRANKED)).collect();
         // The lowest rank lies past the first window: the first scan finds the first
         // window's lowest; later scans reach it.
         for (i, c) in conns.iter().enumerate() {

@@ -54,7 +54,7 @@ impl fmt::Debug for LimitedStream {
 
 impl LimitedStream {
     pub(super) fn new(io: TcpStream, place: Place) -> Self {
-        let clock = Clock::new(place.gate.now());
+        let clock = Clock::new(place.accepted);
         LimitedStream {
             io,
             track: Track::default(),
