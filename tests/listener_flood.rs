@@ -4,7 +4,8 @@
 //! local on Linux), each doing one of the things that hold a connection open; a normal
 //! client opening a fresh connection every 200 ms from the start, and a slow but
 //! legitimate client whose head arrives at 500 bytes a second. Each variant is a test of
-//! its own; they take turns (each starts its own server).
+//! its own; they take turns (each starts its own server). With `--nocapture` each prints
+//! its figures; `TOLLGATE_FLOOD_TRACE=1` prints every request of the normal client too.
 #![cfg(all(feature = "listener", target_os = "linux"))]
 
 use std::io::{self, BufRead};
