@@ -138,9 +138,8 @@ impl LimitedStream {
 
     /// Whether `deadline` (on the connection's clock) has passed, registering for a wake-up
     /// at it if not. The wake-up set for an earlier deadline is kept, then moved on when it
-    /// fires early.
-    /// Polled once per deadline set and waker: while neither changes nor the wake-up fires,
-    /// it is registered already.
+    /// fires early. It is polled once per deadline set and waker: while neither changes
+    /// and it has not fired, it is registered already.
     fn passed(&mut self, deadline: u64, cx: &mut Context<'_>) -> bool {
         let gate = &self.place.gate;
         let at = gate.epoch + std::time::Duration::from_nanos(deadline);
