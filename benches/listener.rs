@@ -22,6 +22,9 @@
 //! waiting in the backlog) accepted one after another and dropped, through a plain
 //! `TcpListener` and through a `LimitedListener` with every limit on, timed with this
 //! thread's CPU time; the medians over the rounds, and the difference per connection.
+//! Last, the same when full: 768 connections already waiting for their requests (a task
+//! reading each), then 1 000 more accepted, each left waiting too; the limited listener's
+//! cap is 768, so each new one evicts the connection waiting the longest.
 //!
 //! `cargo bench -p tollgate-benches --bench listener` (`TOLLGATE_ROUNDS`, default 7; `TOLLGATE_ROUND_MS`,
 //! default 500).
@@ -354,6 +357,63 @@ async fn accept_cost(rounds: usize) -> (f64, f64) {
     (median(a), median(b))
 }
 
+/// Accepts `n` connections waiting at `listener`, each left waiting for its request as a
+/// server leaves it (a task reading it); this thread's CPU time per connection, in
+/// microseconds, once every task has waited (or, evicted, closed).
+async fn accept_and_wait<L>(listener: &mut L, n: usize) -> f64
+where
+    L: axum::serve::Listener,
+{
+    let start = cpu();
+    for _ in 0..n {
+        let (mut io, _) = listener.accept().await;
+        tokio::spawn(async move {
+            let mut b = [0u8; 64];
+            let _ = io.read(&mut b).await;
+        });
+    }
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    (cpu() - start).as_secs_f64() * 1e6 / n as f64
+}
+
+/// The listener's cost per accepted connection when full: `FULL` connections already
+/// waiting for their requests, then 1 000 more accepted, each waiting in turn. The limited
+/// listener's cap is `FULL`, so each new one evicts the one waiting the longest (a scan of
+/// the slots, its task woken, its stream closed); the plain listener holds them all. In
+/// microseconds of CPU, medians over `rounds`.
+async fn full_cost(rounds: usize) -> (f64, f64) {
+    const FULL: usize = 768;
+    const N: usize = 1000;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        for side in [r % 2, 1 - r % 2] {
+            let tcp = backlog_listener();
+            let to = tcp.local_addr().unwrap();
+            let (held, more);
+            if side == 0 {
+                let mut plain = tcp;
+                held = connections(to, FULL).await;
+                accept_and_wait(&mut plain, FULL).await;
+                more = connections(to, N).await;
+                a.push(accept_and_wait(&mut plain, N).await);
+            } else {
+                let mut limited = every_limit().max_total(FULL as u32).build(tcp).unwrap();
+                held = connections(to, FULL).await;
+                accept_and_wait(&mut limited, FULL).await;
+                more = connections(to, N).await;
+                b.push(accept_and_wait(&mut limited, N).await);
+                assert_eq!(limited.open_connections(), FULL, "evicted ones closed");
+            }
+            drop((held, more));
+            // Let the waiting tasks see their connections close.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    (median(a), median(b))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -419,6 +479,11 @@ fn main() {
     let (plain, limited) = rt.block_on(accept_cost(rounds));
     println!(
         "accept and drop alone: {plain:.2} us plain, {limited:.2} us limited: the listener's cost per accepted connection is {:.2} us",
+        limited - plain
+    );
+    let (plain, limited) = rt.block_on(full_cost(rounds));
+    println!(
+        "accept when full (768 waiting), each new connection waiting in turn: {plain:.2} us plain (holding them all), {limited:.2} us limited (evicting one each): {:.2} us more per connection",
         limited - plain
     );
 }

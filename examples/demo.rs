@@ -39,10 +39,12 @@
 //! - `GET /health`:  never limited, no rate-limit fields
 //! - every route: requests from `127.0.0.66` are denied (`403`), and each client IP gets
 //!   at most 100 per second, burst 200, across the whole site (the `edge` layer)
-//! - every connection: the server listens behind connection limits, decided at accept
-//!   before any byte is read: at most 64 connections open per client IP and 512 in all,
-//!   50 new connections per second per IP (burst 100), and a request head within 10 s
-//!   (`tollgate::listener`)
+//! - every connection: the server listens behind connection limits (`tollgate::listener`),
+//!   its defaults and a rate: decided at accept before any byte is read, at most 64
+//!   connections open per client IP and three quarters of the descriptor limit in all,
+//!   50 new connections per second per IP (burst 100); a head within 10 s, heads and
+//!   bodies at 240 bytes a second or more, 75 s idle between requests; when full, the
+//!   connection that has made the least progress gives way
 //! - `GET /metrics`: every layer's decisions (labelled `token`, `strict`, `queue`, `api`,
 //!   `plan`, `shadow`, `login`, `fair`, `edge`) in the Prometheus text format (feature `metrics`,
 //!   a default)
@@ -58,7 +60,7 @@
 //! curl -i --interface 127.0.0.66 http://127.0.0.1:3000/token   # 403 (Linux: all of 127/8 is local)
 //! ```
 
-use std::{collections::HashMap, hash::Hash, net::SocketAddr, sync::Arc, time::Duration};
+use std::{collections::HashMap, hash::Hash, net::SocketAddr, sync::Arc};
 
 use axum::extract::{FromRequest, Path, Request};
 use axum::http::{header::CONTENT_TYPE, header::WWW_AUTHENTICATE, HeaderValue, StatusCode};
@@ -358,21 +360,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
-    let tcp = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    let addr = tcp.local_addr()?;
-    // In front of everything, before TLS or HTTP: connections refused at accept.
-    let (per_ip, total, new_per_second, burst, head) = (64, 512, 50, 100, 10);
+    // In front of everything, before TLS or HTTP: the listener's defaults (slow and idle
+    // clients closed, caps per IP and in all, the stalest connection giving way when
+    // full), and a rate of new connections per IP.
+    let (new_per_second, burst) = (50, 100);
     let listener = ConnectionLimits::new()
         .limit(Limit::token_bucket(
             Quota::per_second(new_per_second)?.with_burst(burst)?,
         )?)
-        .max_per_address(per_ip)
-        .max_total(total)
-        .head_timeout(Duration::from_secs(head))
-        .build(tcp)?;
+        .bind(("127.0.0.1", port))
+        .await?;
+    let addr = axum::serve::Listener::local_addr(&listener)?;
+    let total = listener
+        .max_connections()
+        .map_or("no cap".to_owned(), |n| n.to_string());
     println!("tollgate demo listening on http://{addr}");
     println!(
-        "connections: at most {per_ip} open per client IP and {total} in all, {new_per_second} new per second per IP (burst {burst}), a request head within {head} s"
+        "connections: at most 64 open per client IP and {total} in all, {new_per_second} new per second per IP (burst {burst}); heads within 10 s, heads and bodies at 240 B/s or more, 75 s idle; the stalest gives way when full"
     );
     println!();
     println!("Try:");

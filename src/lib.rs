@@ -14,7 +14,6 @@ pub mod ratelimit;
 mod core;
 mod observe;
 mod options;
-mod setters;
 
 pub mod algorithm;
 pub mod clock;
@@ -43,6 +42,12 @@ pub use quota::Quota;
 pub use ratelimit::RateLimitLayer;
 
 /// The README's snippets, compiled and run as doctests.
-#[cfg(all(doctest, feature = "axum", feature = "json", feature = "redis"))]
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "json",
+    feature = "listener",
+    feature = "redis"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -16,6 +16,11 @@ use super::stream::LimitedStream;
 /// connections may close meanwhile.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long new connections wait in the backlog, at most, for evicted ones to close
+/// (each closes when its task next runs, later on a busy server), before the next is
+/// refused.
+const EVICTED_CLOSE_WAIT: Duration = Duration::from_millis(250);
+
 /// A `tokio::net::TcpListener` that enforces [`ConnectionLimits`](super::ConnectionLimits) as it accepts: a refused
 /// connection is closed at once, before any byte of it is read. It is an
 /// `axum::serve::Listener`: `axum::serve(listener, app)`.
@@ -47,10 +52,27 @@ impl LimitedListener {
         self.gate.open().0 as usize
     }
 
+    /// The cap on open connections ([`ConnectionLimits::max_total`](super::ConnectionLimits::max_total),
+    /// or the one derived from the descriptor limit), if any.
+    pub fn max_connections(&self) -> Option<usize> {
+        self.gate.max_total.map(|n| n as usize)
+    }
+
     /// Accepts the next admitted connection: refused ones are closed and counted on the
-    /// way, and accept errors are logged and retried.
+    /// way, and accept errors are logged and retried. While the listener is full and the
+    /// connections evicted to make room have not closed yet, new ones wait in the backlog
+    /// (a moment: an evicted connection closes at its task's next poll).
     async fn next(&mut self) -> (LimitedStream, SocketAddr) {
         loop {
+            let until = tokio::time::Instant::now() + EVICTED_CLOSE_WAIT;
+            loop {
+                // Told of a close after this point (a close before it may have left a
+                // permit: hence the loop).
+                let closed = self.gate.evicted_closed.notified();
+                if !self.gate.saturated() || tokio::time::timeout_at(until, closed).await.is_err() {
+                    break;
+                }
+            }
             let (io, addr) = match self.inner.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {

@@ -2,9 +2,15 @@
 
 mod accept;
 mod gate;
+mod http1;
+mod http2;
 mod limits;
+mod progress;
+mod slots;
 mod stream;
+mod track;
 mod watch;
 
 pub use accept::LimitedListener;
+pub use gate::WhenFull;
 pub use limits::ConnectionLimits;

@@ -1,14 +1,15 @@
 //! What is observed of a listener: its connections counted in metrics (feature
-//! `metrics`), and its refusals, closed heads and accept errors logged at most once a
-//! second each.
+//! `metrics`), and its refusals, the connections it closes and accept errors logged at
+//! most once a second each.
 
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::progress::Close;
 use crate::observe::{key_hash, unix_secs, Bind, Count, Level, OncePerSecond};
-use crate::observe::{CONNECTIONS, HEAD_TIMEOUTS, OPEN_CONNECTIONS};
+use crate::observe::{CLOSED_CONNECTIONS, CONNECTIONS, OPEN_CONNECTIONS};
 
 /// Why a connection was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,20 +50,36 @@ impl Tally {
     }
 }
 
+impl Close {
+    fn reason(self) -> &'static str {
+        match self {
+            Close::Head => "head_timeout",
+            Close::Body => "slow_body",
+            Close::Idle => "idle_timeout",
+            Close::Evicted => "evicted",
+        }
+    }
+
+    const ALL: [Close; 4] = [Close::Head, Close::Body, Close::Idle, Close::Evicted];
+}
+
 /// A listener's metrics and logs.
 pub(super) struct Watch {
     label: Arc<str>,
     refusals: Tally,
-    late_heads: Tally,
+    /// Connections closed, by [`Close`].
+    closes: [Tally; 4],
     errors_logged: OncePerSecond,
+    tls_logged: AtomicBool,
     metrics: Metrics,
 }
 
 /// A listener's series: `tollgate.connections_total` by result (admitted, exempt, then
-/// the refusals in [`Refusal`]'s order), closed heads, and the connections open.
+/// the refusals in [`Refusal`]'s order), the connections it closed by reason (in
+/// [`Close`]'s order), and the connections open.
 struct Metrics {
     results: [Count; 5],
-    head_timeouts: Count,
+    closed: [Count; 4],
     open: Level,
 }
 
@@ -78,14 +95,18 @@ impl Watch {
                 Refusal::Total.result(),
             ]
             .map(|r| Count::new(CONNECTIONS, &[l, ("tollgate.result", r)], Bind::Now)),
-            head_timeouts: Count::new(HEAD_TIMEOUTS, &[l], Bind::Now),
+            closed: Close::ALL.map(|c| {
+                let reason = ("tollgate.reason", c.reason());
+                Count::new(CLOSED_CONNECTIONS, &[l, reason], Bind::Now)
+            }),
             open: Level::new(OPEN_CONNECTIONS, &[l], Bind::Now),
         };
         Watch {
             label,
             refusals: Tally::default(),
-            late_heads: Tally::default(),
+            closes: Default::default(),
             errors_logged: OncePerSecond::default(),
+            tls_logged: AtomicBool::new(false),
             metrics,
         }
     }
@@ -117,17 +138,28 @@ impl Watch {
         }
     }
 
-    /// A connection closed for not sending its first request head in time.
-    pub(super) fn head_timed_out(&self) {
-        self.metrics.head_timeouts.add(1);
-        if let Some(n) = self.late_heads.tick() {
-            tracing::warn!(
-                target: "tollgate",
-                listener = %self.label,
-                closed = n,
-                "connections closed: no request head by the deadline (count since the last such event)"
-            );
-        }
+    /// A connection the listener closed: counted; logged (with the closes for the same
+    /// reason since the last event) at most once a second, except idle ones.
+    pub(super) fn closed_by(&self, why: Close) {
+        self.metrics.closed[why as usize].add(1);
+        let Some(n) = self.closes[why as usize].tick() else {
+            return;
+        };
+        let what = match why {
+            Close::Head => "no whole request head by the deadline, or at the minimum rate",
+            Close::Body => "a request body below the minimum rate",
+            Close::Evicted => {
+                "the listener was full: the connections with the least progress gave way"
+            }
+            Close::Idle => return,
+        };
+        tracing::warn!(
+            target: "tollgate",
+            listener = %self.label,
+            closed = n,
+            reason = why.reason(),
+            "connections closed: {what} (count since the last such event)"
+        );
     }
 
     /// A failed `accept` (out of descriptors, say), logged at most once a second.
@@ -137,13 +169,13 @@ impl Watch {
         }
     }
 
-    /// A TLS connection under a head deadline, which cannot read its head.
-    pub(super) fn tls_under_head_deadline(&self) {
-        if self.errors_logged.first(unix_secs()) {
-            tracing::warn!(
+    /// A TLS connection: logged once per listener.
+    pub(super) fn tls(&self) {
+        if !self.tls_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(
                 target: "tollgate",
                 listener = %self.label,
-                "a TLS connection arrived at a listener with a head deadline: the deadline cannot read an encrypted head and is off for it"
+                "TLS connections arrive at this listener: it cannot read their requests, so it times none of them (it ranks them by their last byte when full)"
             );
         }
     }

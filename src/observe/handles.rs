@@ -79,8 +79,11 @@ series! {
             "(rate_limited, address_full, total_full)"
         );
     #[cfg_attr(not(feature = "listener"), allow(dead_code))]
-    HEAD_TIMEOUTS = counter("tollgate.connections.head_timeouts_total", Count):
-        "Connections closed because their first request head did not arrive in time";
+    CLOSED_CONNECTIONS = counter("tollgate.connections.closed_total", Count):
+        concat!(
+            "Connections a limited listener closed, by reason: head_timeout, slow_body, ",
+            "idle_timeout, evicted (to make room when full)"
+        );
     #[cfg_attr(not(feature = "listener"), allow(dead_code))]
     OPEN_CONNECTIONS = gauge("tollgate.connections.open", Count):
         "Connections open through a limited listener";

@@ -16,7 +16,7 @@ use std::{
 
 pub(crate) use self::handles::{Bind, Count, Held, RATE_LIMIT_REQUESTS};
 #[cfg(feature = "listener")]
-pub(crate) use self::handles::{Level, CONNECTIONS, HEAD_TIMEOUTS, OPEN_CONNECTIONS};
+pub(crate) use self::handles::{Level, CLOSED_CONNECTIONS, CONNECTIONS, OPEN_CONNECTIONS};
 use self::handles::{DEGRADED, SCREENED};
 #[cfg(feature = "redis")]
 pub(crate) use self::meters::RedisMetrics;
