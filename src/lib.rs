@@ -10,6 +10,9 @@ pub mod fair;
 pub mod generic;
 pub mod inflight;
 pub mod ratelimit;
+#[cfg(feature = "upstream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "upstream")))]
+pub mod upstream;
 
 mod core;
 mod observe;

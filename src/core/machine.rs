@@ -41,8 +41,9 @@ impl RefundGuard {
         RefundGuard(Some(Box::new(refund)))
     }
 
-    /// The request reached the inner service: its units stay charged.
-    fn disarm(mut self) {
+    /// The request reached the inner service (or a job its turn): its units stay
+    /// charged.
+    pub(crate) fn disarm(mut self) {
         self.0 = None;
     }
 }

@@ -9,6 +9,7 @@ mod forwarded;
 mod grpc;
 mod head;
 mod header;
+mod host;
 pub(crate) mod peer_ip;
 mod route;
 
@@ -28,6 +29,7 @@ pub use self::extension::ExtensionKey;
 pub use self::grpc::GrpcMethod;
 pub use self::head::RequestHead;
 pub use self::header::{HeaderBytes, HeaderKey};
+pub use self::host::Host;
 pub use self::peer_ip::PeerIp;
 #[cfg(feature = "axum")]
 pub use self::route::MatchedRoute;

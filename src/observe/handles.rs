@@ -84,6 +84,15 @@ series! {
             "Connections a limited listener closed, by reason: head_timeout, slow_body, ",
             "idle_timeout, evicted (to make room when full)"
         );
+    #[cfg_attr(not(feature = "upstream"), allow(dead_code))]
+    UPSTREAM_CALLS = counter("tollgate.upstream.calls_total", Count):
+        concat!(
+            "Calls through an upstream limit, by result: sent, refused (no slot within ",
+            "max_wait), fail_open, fail_closed"
+        );
+    #[cfg_attr(not(feature = "upstream"), allow(dead_code))]
+    UPSTREAM_PAUSES = counter("tollgate.upstream.pauses_total", Count):
+        "Pauses an upstream asked for, by field: retry-after, ratelimit, x-ratelimit";
     #[cfg_attr(not(feature = "listener"), allow(dead_code))]
     OPEN_CONNECTIONS = gauge("tollgate.connections.open", Count):
         "Connections open through a limited listener";

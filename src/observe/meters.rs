@@ -9,7 +9,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use super::handles::{
     Bind, Count, Held, Level, Timing, ACTIVE_LEASES, BREAKER, BREAKER_OPENINGS, ERRORS, EVICTIONS,
-    IN_FLIGHT_REQUESTS, KEYS, OPERATION, QUEUED, RATE_LIMIT_REQUESTS, RECONNECTS, TIME_IN_QUEUE,
+    IN_FLIGHT_REQUESTS, KEYS, OPERATION, QUEUED, RATE_LIMIT_REQUESTS, TIME_IN_QUEUE,
 };
 use crate::decision::Decision;
 use crate::error::StoreError;
@@ -324,6 +324,54 @@ impl InFlightMetrics {
     }
 }
 
+/// What became of a call through an upstream limit.
+#[cfg(feature = "upstream")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Sent {
+    /// Sent upstream (after its wait, if any).
+    Sent,
+    /// Not sent: no slot within the caller's wait.
+    Refused,
+    /// Sent without a decision: the store failed, failing open.
+    FailOpen,
+    /// Not sent: the store failed, failing closed.
+    FailClosed,
+}
+
+/// An upstream limit's metrics: its calls by result, and the pauses its upstream asked
+/// for, by field.
+#[cfg(feature = "upstream")]
+#[derive(Debug)]
+pub(crate) struct UpstreamMetrics {
+    calls: [Count; 4],
+    pauses: [Count; 3],
+}
+
+#[cfg(feature = "upstream")]
+impl UpstreamMetrics {
+    /// The metrics of the upstream limit labelled `limiter`.
+    pub(crate) fn new(limiter: &str) -> Self {
+        use super::handles::{UPSTREAM_CALLS, UPSTREAM_PAUSES};
+        let l = ("tollgate.limiter", limiter);
+        UpstreamMetrics {
+            calls: ["sent", "refused", "fail_open", "fail_closed"]
+                .map(|r| Count::new(UPSTREAM_CALLS, &[l, ("tollgate.result", r)], Bind::Now)),
+            pauses: ["retry-after", "ratelimit", "x-ratelimit"]
+                .map(|f| Count::new(UPSTREAM_PAUSES, &[l, ("tollgate.field", f)], Bind::FirstUse)),
+        }
+    }
+
+    /// Counts a call.
+    pub(crate) fn call(&self, what: Sent) {
+        self.calls[what as usize].add(1);
+    }
+
+    /// Counts a pause asked for by the field numbered `field` (in the order above).
+    pub(crate) fn pause(&self, field: usize) {
+        self.pauses[field].add(1);
+    }
+}
+
 /// A Redis connection's metrics: its replacements, by reason.
 #[cfg(feature = "redis")]
 #[derive(Debug)]
@@ -342,7 +390,13 @@ impl RedisMetrics {
                 "loading",
                 "unresponsive",
             ]
-            .map(|r| Count::new(RECONNECTS, &[("tollgate.reason", r)], Bind::FirstUse)),
+            .map(|r| {
+                Count::new(
+                    super::handles::RECONNECTS,
+                    &[("tollgate.reason", r)],
+                    Bind::FirstUse,
+                )
+            }),
         }
     }
 

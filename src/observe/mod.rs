@@ -21,6 +21,8 @@ use self::handles::{DEGRADED, SCREENED};
 #[cfg(feature = "redis")]
 pub(crate) use self::meters::RedisMetrics;
 pub(crate) use self::meters::{Counted, InFlightMetrics, PolicyMetrics, StoreMetrics};
+#[cfg(feature = "upstream")]
+pub(crate) use self::meters::{Sent, UpstreamMetrics};
 use crate::decision::{Decision, Source};
 use crate::error::StoreError;
 use crate::key::KeyExtractor;
