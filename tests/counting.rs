@@ -5,6 +5,8 @@
 
 #![cfg(feature = "json")] // the login routes read the user from the body; addresses need `axum`
 
+mod support;
+
 use std::{
     net::SocketAddr,
     sync::{
@@ -20,6 +22,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use http::{HeaderMap, Request};
+use support::send;
 use tollgate::clock::ManualClock;
 use tollgate::generic;
 use tollgate::generic::RateLimited;
@@ -34,33 +37,6 @@ use tollgate::Policy;
 use tollgate::Quota;
 use tollgate::RateLimitLayer;
 use tower::{Service, ServiceExt};
-
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Got {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let status = res.status();
-    let headers = res.headers().clone();
-    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    Got {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
 
 /// `GET path` from `peer`, as axum's `ConnectInfo` gives it.
 fn from(peer: &str, path: &str) -> Request<Body> {

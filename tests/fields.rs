@@ -557,3 +557,45 @@ async fn a_refusal_for_the_deadline_names_the_enforced_queues_only() {
     assert_eq!(body["type"], PAST_DEADLINE);
     assert_eq!(body["violated-policies"], serde_json::json!(["slots"]));
 }
+
+/// The parser the tests above read the fields with (`support/sf.rs`), on its own.
+mod sf_parser {
+    use super::sf::{parse_list, parse_list_lines, Bare};
+
+    #[test]
+    fn parses_what_rfc_9651_says() {
+        let l = parse_list(r#""burst";q=100;w=60, "daily";q=1000;w=86400"#).unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].item, Some(Bare::String("burst".into())));
+        assert_eq!(l[1].param("w"), Some(&Bare::Integer(86_400)));
+        let l = parse_list(r#"tok;a;b=?0;c=:aGVsbG8=:;d=-1.5, (1 2);x=@1"#).unwrap();
+        assert_eq!(l[0].item, Some(Bare::Token("tok".into())));
+        assert_eq!(l[0].param("a"), Some(&Bare::Boolean(true)));
+        assert_eq!(l[0].param("b"), Some(&Bare::Boolean(false)));
+        assert_eq!(l[0].param("c"), Some(&Bare::Bytes(b"hello".to_vec())));
+        assert_eq!(l[0].param("d"), Some(&Bare::Decimal(-1500)));
+        assert_eq!(l[1].inner.len(), 2);
+        assert_eq!(l[1].param("x"), Some(&Bare::Date(1)));
+        assert_eq!(
+            parse_list(r#""a\"b""#).unwrap()[0].item,
+            Some(Bare::String("a\"b".into()))
+        );
+        // 15 digits are an integer; 16 are not.
+        assert!(parse_list("\"x\";r=999999999999999").is_ok());
+        assert!(parse_list("\"x\";r=4999999999999999").is_err());
+        for bad in [
+            "\"x\";R=1",
+            "\"x\",",
+            "\"x\" \"y\"",
+            "\"x\";r=1.",
+            "\"unterminated",
+            "\"x\";r=1.2345",
+        ] {
+            assert!(parse_list(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_list_lines(["\"a\";r=1", "\"b\";r=2"]).unwrap().len(),
+            2
+        );
+    }
+}

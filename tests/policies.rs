@@ -14,7 +14,8 @@ use std::{
 };
 
 use axum::{body::Body, routing::get, Extension, Router};
-use http::{HeaderMap, Request, StatusCode};
+use http::{Request, StatusCode};
+use support::send;
 use tollgate::clock::ManualClock;
 use tollgate::error::RateLimited;
 use tollgate::generic;
@@ -40,33 +41,6 @@ where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     MemoryStore::new("1/s".parse::<Policy>().unwrap()).with_clock(clock.clone())
-}
-
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Got {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let status = res.status();
-    let headers = res.headers().clone();
-    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    Got {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
 }
 
 fn keyed(key: &str) -> Request<Body> {
