@@ -1,23 +1,17 @@
 //! Redis as teams deploy it: a primary and a replica behind a name that follows the
 //! master, and Redis-backed layers stacked on one route while Redis is out.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::redis::{Proxy, RedisServer};
+use crate::SERIAL;
 use axum::{routing::get, Router};
 use http::Request;
-use redis_support::{Proxy, RedisServer};
 use tollgate::decision::Source;
 use tollgate::key::HeaderKey;
 use tollgate::store::{BreakerState, RedisConnection, RedisStore};
 use tollgate::{Limit, Quota, RateLimitLayer};
 use tower::ServiceExt;
-
-/// Scenarios share the two cores: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The process's metrics, as a Prometheus exporter renders them (a global recorder: the
 /// connections' and breakers' counts happen on the runtime's threads).

@@ -1,9 +1,5 @@
 //! Two connections x 64 tasks on one key for 2 s admit no more than `burst + elapsed *
 //! rate` (elapsed on the Redis server's clock) and at least 95% of it.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::{
     sync::{
@@ -13,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use redis_support::Target;
+use crate::support::redis::Target;
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::Limit;

@@ -1,17 +1,12 @@
 //! The Redis store decides exactly like the in-memory store; keys expire when fresh and
 //! hold exact integers; quotas the script cannot decide exactly are refused.
-#![cfg(feature = "redis")]
-
-#[path = "support/equiv.rs"]
-mod equiv;
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::Duration;
 
+use crate::support::equiv;
+use crate::support::redis::{stored_words, Target};
 use equiv::{compare, compare_concurrent, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
-use redis_support::{stored_words, Target};
 use tollgate::decision::Outcome;
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};

@@ -3,14 +3,11 @@
 //! `localhost` and `127.0.0.1`), reached through redis-rs's rustls feature as the Redis
 //! guide tells apps to enable it. The client verifies the server against the test's CA
 //! (given to rustls's native roots through `SSL_CERT_FILE`).
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
-use redis_support::{RedisServer, SentinelGroup, TlsFiles};
+use crate::support;
+use crate::support::redis::{RedisServer, SentinelGroup, TlsFiles};
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::{Limit, Quota};
@@ -43,7 +40,7 @@ fn limit() -> Limit {
 async fn decides_over_tls() {
     let _serial = SERIAL.lock().await;
     let Some(files) = files() else { return };
-    let tls_port = redis_support::port();
+    let tls_port = support::redis::port();
     let mut args = files.args(tls_port);
     // Also on 127.0.0.2, an address the certificate does not name.
     args.extend(["--bind".into(), "127.0.0.1".into(), "127.0.0.2".into()]);

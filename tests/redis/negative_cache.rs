@@ -1,12 +1,8 @@
 //! A refused hot client makes no Redis call until its retry-after, on the store's clock.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis_support::RedisServer;
+use crate::support::redis::RedisServer;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};

@@ -2,14 +2,10 @@
 //! each caller gets its own reply, and a stalled call fails each request through the
 //! failure policy. (Decisions through batches are compared with the in-memory store in
 //! `redis_semantics.rs`.)
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use crate::support::redis::RedisServer;
 use tokio::task::JoinSet;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Source;

@@ -1,10 +1,6 @@
 //! Local-first mode: two instances deciding locally and reconciling with Redis every
 //! 100 ms stay within the documented overshoot bound; with Redis gone each keeps limiting
 //! on its own.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::{
     sync::{
@@ -14,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use redis_support::RedisServer;
+use crate::support::redis::RedisServer;
 use tollgate::decision::Source;
 use tollgate::store::{LocalFirstStore, RedisConnection, RedisStore, Store};
 use tollgate::Limit;

@@ -2,16 +2,14 @@
 //! Every request is answered within the deadline plus a small margin, decisions follow the
 //! failure policy, the breaker opens and closes, and limiting through Redis resumes within
 //! a second of recovery.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_support::RedisServer;
+use crate::support;
+use crate::support::redis::RedisServer;
+use crate::SERIAL;
 use tollgate::decision::Source;
 use tollgate::store::{BreakerState, FailurePolicy, RedisConnection, RedisStore};
 use tollgate::Limit;
@@ -21,9 +19,6 @@ const DEADLINE: Duration = Duration::from_millis(20);
 const MARGIN: Duration = Duration::from_millis(50);
 const WARMUP: Duration = Duration::from_millis(500);
 const AFTER: Duration = Duration::from_millis(1500);
-
-/// Scenarios share the two cores: run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Clone, Copy, Debug)]
 struct Rec {
@@ -262,7 +257,7 @@ async fn debug_sleep_fails_open() {
         failure_source: Source::FailOpen,
         fault: |s| {
             let port = s.port;
-            std::thread::spawn(move || redis_support::cli_at(port, &["DEBUG", "SLEEP", "0.5"]));
+            std::thread::spawn(move || support::redis::cli_at(port, &["DEBUG", "SLEEP", "0.5"]));
             std::thread::sleep(Duration::from_millis(20));
         },
         fault_len: Duration::from_millis(500),

@@ -1,18 +1,13 @@
 //! The same semantics through a 3-node Redis Cluster: equivalence with the in-memory
 //! store, TTL, several limits in one slot-safe key, clients spread over the shards.
-#![cfg(feature = "redis")]
-
-#[path = "support/equiv.rs"]
-mod equiv;
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::{collections::HashSet, time::Duration};
 
+use crate::support::equiv;
+use crate::support::redis::{stored_words, RedisCluster};
 use equiv::{compare, compare_concurrent, ops_strategy, policies_strategy};
 use proptest::test_runner::{Config, TestRunner};
 use redis::AsyncCommands;
-use redis_support::{stored_words, RedisCluster};
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::Limit;

@@ -1,13 +1,9 @@
 //! The local fallback of a Redis store: from the state Redis last returned, at a share
 //! sized to the fleet, and charged to the shared state when Redis answers again.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
-use redis_support::RedisServer;
+use crate::support::redis::RedisServer;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Source;
 use tollgate::store::{FailurePolicy, RedisConnection, RedisStore};

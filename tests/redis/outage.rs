@@ -12,20 +12,14 @@
 //! Decisions run on a manual clock shared by the instances (Redis decides at its time), so
 //! the minute after the outage takes no real time; deadlines and the proxy's delay are
 //! real.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
-use redis_support::{Proxy, RedisServer};
+use crate::support::redis::{Proxy, RedisServer};
+use crate::SERIAL;
 use tollgate::clock::ManualClock;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::{Limit, Policy, Quota};
-
-/// Scenarios share the two cores: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const KEY: &str = "hot";
 /// Requests while Redis answers (every 100 ms: the key's 20 units and then some), during

@@ -8,14 +8,10 @@
 //! Decisions run on a manual clock shared by the instances (advanced with real time
 //! during the failover, then through the following minute at once); deadlines, the
 //! failover and the sentinels' timers are real.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
-use redis_support::SentinelGroup;
+use crate::support::redis::SentinelGroup;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};

@@ -1,17 +1,11 @@
 //! The fleet count behind the default fallback share (`1 / N`): a fleet Redis will not let
 //! count itself falls back at a floor the app sets, and says so; leases that cannot be real
 //! are not counted.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
-#[path = "support/mod.rs"]
-mod support;
 
 use std::time::{Duration, Instant};
 
-use redis_support::RedisServer;
-use support::Events;
+use crate::support::redis::RedisServer;
+use crate::support::Events;
 use tollgate::clock::ManualClock;
 use tollgate::decision::Source;
 use tollgate::store::{RedisConnection, RedisStore};

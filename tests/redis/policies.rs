@@ -2,16 +2,12 @@
 //! different policies to one key share its one state, converted as the in-memory store
 //! converts it (the property test in `redis_semantics` checks every decision against
 //! memory; these pin the user-visible counts through layers).
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::Duration;
 
+use crate::support::redis::RedisServer;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
-use redis_support::RedisServer;
 use tollgate::clock::ManualClock;
 use tollgate::key::{HeaderBytes, HeaderKey, RequestHead};
 use tollgate::store::{RedisConnection, RedisStore};

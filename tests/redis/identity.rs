@@ -2,16 +2,12 @@
 //! Stores share a key's state only under the same name (every instance of one limit, a
 //! rolling deploy that changes its quotas); two stores of one connection that would share
 //! keys while applying different limits are refused when built.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::net::SocketAddr;
 
+use crate::support::redis::Target;
 use axum::{extract::connect_info::MockConnectInfo, routing::get, Router};
 use http::Request;
-use redis_support::Target;
 use tollgate::fair::{RedisFair, Share};
 use tollgate::inflight::RedisInFlight;
 use tollgate::key::{Global, PeerIp};

@@ -4,18 +4,14 @@
 //!
 //! Regression: the guide gave `{namespace}:v3:{policy fingerprint}:{#sha1}`, a layout the
 //! store no longer writes.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::Duration;
 
-use redis_support::Target;
+use crate::support::redis::Target;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::{Limit, Policy, Quota};
 
-const GUIDE: &str = include_str!("../src/docs/redis.md");
+const GUIDE: &str = include_str!("../../src/docs/redis.md");
 
 /// The guide's example: the key `"203.0.113.7"` under the namespace `myapp`.
 const HASHED: &str = "myapp:api:rate:v4:{#5fd4783125711c0c04c3fbff42b2cfdc8887a2df}";

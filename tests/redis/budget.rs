@@ -1,16 +1,12 @@
 //! One store deadline per request, however many Redis-backed layers it passes: the HTTP
 //! layers share one budget through the request's extensions, so while Redis stalls the
 //! second layer decides from its fallback at once.
-#![cfg(feature = "redis")]
-
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::redis::RedisServer;
 use axum::{routing::get, Router};
 use http::Request;
-use redis_support::RedisServer;
 use tollgate::key::HeaderKey;
 use tollgate::store::{RedisConnection, RedisStore};
 use tollgate::{Limit, Quota, RateLimitLayer};
