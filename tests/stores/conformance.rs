@@ -1,23 +1,20 @@
 //! `store::conformance::check` (feature `conformance`): the stores the crate ships and
 //! the `custom_store` example's store pass it; stores that lose updates, forget refunds
 //! or carry no state across policies fail it, with a report that says why.
-#![cfg(feature = "conformance")]
-
-#[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use crate::support;
 use tollgate::clock::{Clock, ManualClock};
 use tollgate::error::StoreError;
 use tollgate::store::{conformance, MemoryStore, Store, StoreFuture};
 use tollgate::{Decision, Limit, Policy, Quota};
 
 #[allow(dead_code)]
-#[path = "../examples/custom_store.rs"]
+#[path = "../../examples/custom_store.rs"]
 mod custom_store;
 use custom_store::MapStore;
 
@@ -44,7 +41,7 @@ async fn the_example_store_built_on_policy_functions_passes() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_store_passes() {
-    let Some(server) = redis_support::RedisServer::start() else {
+    let Some(server) = support::redis::RedisServer::start() else {
         return;
     };
     let conn = tollgate::store::RedisConnection::connect(&server.url())
