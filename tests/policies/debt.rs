@@ -3,15 +3,10 @@
 //! (`Policy::charge`, a cost settled above its estimate) stops at twice a limit's
 //! capacity; a debt carried to a limit of the same rate and size is kept whole.
 
-#[cfg(feature = "redis")]
-#[path = "support/equiv.rs"]
-mod equiv;
-#[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use crate::support::equiv;
 use proptest::prelude::*;
 use tollgate::decision::{Decision, Outcome};
 use tollgate::{Limit, Policy, Quota};
@@ -223,8 +218,8 @@ fn a_spent_bucket_charged_twenty_waits_six_seconds() {
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
+    use crate::support::redis::Target;
     use proptest::test_runner::{Config, TestRunner};
-    use redis_support::Target;
     use tollgate::clock::ManualClock;
     use tollgate::store::{RedisConnection, RedisStore, Store};
 

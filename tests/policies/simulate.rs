@@ -2,7 +2,7 @@
 //! as the middleware does on the same trace, the chart's structure, and bad input named by
 //! its line.
 
-#[path = "../examples/simulate/sim/mod.rs"]
+#[path = "../../examples/simulate/sim/mod.rs"]
 mod sim;
 
 use std::collections::BTreeMap;
@@ -345,7 +345,7 @@ fn good_traces_read_exactly() {
         (1_500_000_000, "7", 1)
     );
     // The sample trace the CI runs the command on reads.
-    let sample = include_str!("../examples/simulate/sample.csv");
+    let sample = include_str!("../../examples/simulate/sample.csv");
     assert!(sim::parse_trace(sample, sim::Format::Csv).unwrap().len() > 10);
 }
 

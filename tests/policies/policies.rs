@@ -2,8 +2,6 @@
 //! the in-memory store under a frozen manual clock (nothing refills unless a test moves
 //! the clock, so every count is exact).
 
-mod support;
-
 use std::{
     collections::BTreeSet,
     sync::{
@@ -13,9 +11,9 @@ use std::{
     time::Duration,
 };
 
+use crate::support::send;
 use axum::{body::Body, routing::get, Extension, Router};
 use http::{Request, StatusCode};
-use support::send;
 use tollgate::clock::ManualClock;
 use tollgate::error::RateLimited;
 use tollgate::generic;
