@@ -3,10 +3,10 @@
 //! panics on every signature: the extractor is refused when it is built instead, so no
 //! request meets that panic.
 //!
-//! One test in its own binary: the provider is fixed for the whole process at its first use.
-//! `cargo test --features jwt --test jwt_provider` runs the case without a provider;
-//! `--features jwt-rust-crypto` (and `--all-features`) the case with one.
-#![cfg(feature = "jwt")]
+//! The provider is fixed for the whole process at its first use: the other tests of this
+//! binary use jsonwebtoken only with `jwt-rust-crypto`, the provider this test expects
+//! then. `cargo test --features jwt --test keys jwt_provider` runs the case without a
+//! provider; `--features jwt-rust-crypto` (and `--all-features`) the case with one.
 
 use tollgate::key::{BearerClaim, KeyExtractor};
 use tollgate::ConfigError;
