@@ -1,11 +1,9 @@
 //! Reading a limit by its name: `Decision::limit`, and a layer's `peek`, which reads what a
 //! key has left with the key as the extractor gives it (not the store's `Option` of it).
 
-mod support;
-
+use crate::support::{self, FailingStore};
 use axum::{routing::get, Extension, Router};
 use http::StatusCode;
-use support::FailingStore;
 use tollgate::key::{key_fn, Global, HeaderKey};
 use tollgate::store::OnStoreError;
 use tollgate::{Decision, Policy, RateLimitLayer};

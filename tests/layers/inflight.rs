@@ -4,8 +4,6 @@
 //! `MissingKey`, the fields combine with the rate layer's; on Redis, instances share the
 //! limit and a dead instance's leases come back within the lease TTL.
 
-mod support;
-
 use std::{
     collections::VecDeque,
     convert::Infallible,
@@ -18,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use crate::support;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -563,10 +562,6 @@ async fn end_to_end_on_axum_with_peer_ips() {
 }
 
 #[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
-#[cfg(feature = "redis")]
 mod on_redis {
     use std::sync::atomic::AtomicU32;
 
@@ -576,7 +571,7 @@ mod on_redis {
     use tollgate::store::{BreakerState, RedisConnection};
 
     use super::*;
-    use crate::redis_support::{RedisServer, Target};
+    use crate::support::redis::{RedisServer, Target};
 
     type Layer = InFlightLimitLayer<HeaderKey, RedisInFlight>;
 

@@ -3,10 +3,6 @@
 //! from responses, resets, and queues bounded by their longest wait. On the memory store
 //! here, on a real Redis at the end.
 
-#![cfg(feature = "json")] // the login routes read the user from the body; addresses need `axum`
-
-mod support;
-
 use std::{
     net::SocketAddr,
     sync::{
@@ -16,13 +12,13 @@ use std::{
     time::Duration,
 };
 
+use crate::support::send;
 use axum::body::Body;
 use axum::extract::connect_info::MockConnectInfo;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 use http::{HeaderMap, Request};
-use support::send;
 use tollgate::clock::ManualClock;
 use tollgate::generic;
 use tollgate::generic::RateLimited;
@@ -609,17 +605,14 @@ async fn a_queue_refuses_what_would_wait_longer_than_its_max_wait() {
 }
 
 #[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
-#[cfg(feature = "redis")]
 mod redis {
     use super::*;
+    use crate::support;
     use tollgate::store::{RedisConnection, RedisStore};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn failed_logins_and_resets_on_redis() {
-        let Some(server) = redis_support::RedisServer::start() else {
+        let Some(server) = support::redis::RedisServer::start() else {
             return;
         };
         let conn = RedisConnection::connect(&server.url()).await.unwrap();
@@ -674,7 +667,7 @@ mod redis {
 
     #[tokio::test]
     async fn a_ban_on_redis_is_seen_by_every_instance() {
-        let Some(server) = redis_support::RedisServer::start() else {
+        let Some(server) = support::redis::RedisServer::start() else {
             return;
         };
         let policy: Policy = "5/15min".parse().unwrap();

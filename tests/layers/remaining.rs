@@ -7,12 +7,10 @@
 //! first not even its `nodelay` ones), so a full queue said `r=0` until its backlog had
 //! drained (`t=4`) while it would admit a request a slot later (`Retry-After: 1`).
 
-#[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use crate::support;
 use proptest::prelude::*;
 use tollgate::clock::ManualClock;
 use tollgate::store::{MemoryStore, Store};
@@ -80,7 +78,7 @@ async fn a_queues_waiting_units_count_as_remaining_in_memory() {
 #[tokio::test]
 async fn a_queues_waiting_units_count_as_remaining_on_redis() {
     use tollgate::store::{RedisConnection, RedisStore};
-    let Some(target) = redis_support::Target::get() else {
+    let Some(target) = support::redis::Target::get() else {
         return;
     };
     let conn = RedisConnection::connect(&target.url()).await.unwrap();

@@ -1,5 +1,4 @@
 //! Client IP behind proxies, through the whole layer: who shares a limit with whom.
-#![cfg(feature = "axum")]
 
 use std::net::SocketAddr;
 

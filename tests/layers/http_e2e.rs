@@ -1,12 +1,10 @@
 //! End to end: a real axum server on 127.0.0.1:0, a real HTTP client, each policy's counts
 //! and every header's exact value at the edges.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{self, client, get as fetch, serve};
 use axum::{routing::get, Extension, Router};
-use support::{client, get as fetch, serve};
 use tollgate::cost::Cost;
 use tollgate::key::KeyExtractor;
 use tollgate::key::MissingKey;

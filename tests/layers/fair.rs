@@ -346,10 +346,6 @@ fn bad_shares_and_pools_are_refused_naming_the_part() {
 }
 
 #[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
-#[cfg(feature = "redis")]
 mod on_redis {
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -357,7 +353,7 @@ mod on_redis {
     use tollgate::store::{BreakerState, RedisConnection};
 
     use super::*;
-    use crate::redis_support::{RedisServer, Target};
+    use crate::support::redis::{RedisServer, Target};
 
     fn namespace() -> String {
         static N: AtomicU32 = AtomicU32::new(0);

@@ -4,13 +4,11 @@
 //!
 //! Each test sets its recorder as the thread's (tokio's current-thread runtime runs every
 //! request on it), so tests do not share one.
-#![cfg(feature = "metrics")]
-
-mod support;
 
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::support;
 use axum::{body::Body, routing::get, Router};
 use http::{Request, Response, StatusCode};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};

@@ -8,13 +8,11 @@
 //! it; or for the whole test, for the series registered at their first use. A snapshot
 //! resets counters and gauges, so each test takes one, at its end.
 
-mod support;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::{Events, FailingStore};
 use axum::{body::Body, routing::get, Router};
 use http::{Request, StatusCode};
-use support::{Events, FailingStore};
 use tollgate::clock::ManualClock;
 use tollgate::decision::{Outcome, Source};
 use tollgate::error::StoreError;
@@ -1215,7 +1213,7 @@ async fn refusals_for_a_deadline_are_info_events_of_their_own_outcome() {
 /// and whether the row is for network stores only.
 #[cfg(feature = "metrics")]
 fn guide_rows() -> Vec<(String, Vec<String>, Vec<String>, bool)> {
-    let guide = include_str!("../src/docs/observability.md");
+    let guide = include_str!("../../src/docs/observability.md");
     guide
         .lines()
         .filter(|l| l.starts_with("| `tollgate."))
@@ -1301,7 +1299,7 @@ async fn the_guide_lists_the_metrics_and_values_the_code_registers() {
         let failing = RateLimitLayer::builder()
             .key(Global::new())
             .on_store_error(on_error)
-            .build_with(support::FailingStore)
+            .build_with(FailingStore)
             .unwrap();
         let app = Router::new()
             .route("/", get(|| async { "ok" }))

@@ -6,9 +6,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-mod support;
-use support::FailingStore;
-
+use crate::support::FailingStore;
 use http::StatusCode;
 use tokio::net::TcpListener;
 use tollgate::clock::ManualClock;
@@ -28,7 +26,7 @@ use tonic::Status;
 use tonic_types::StatusExt as _;
 
 #[allow(unreachable_pub, missing_docs, clippy::all)]
-#[path = "../examples/grpc/helloworld.rs"]
+#[path = "../../examples/grpc/helloworld.rs"]
 mod helloworld;
 
 use helloworld::greeter_client::GreeterClient;

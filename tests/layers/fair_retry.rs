@@ -7,6 +7,8 @@
 
 use std::{convert::Infallible, time::Duration};
 
+#[cfg(feature = "redis")]
+use crate::support;
 use axum::body::Body;
 use http::{Request, Response};
 use proptest::prelude::*;
@@ -357,10 +359,6 @@ fn every_refusal_reports_its_exact_wait_in_memory() {
         .unwrap();
 }
 
-#[cfg(feature = "redis")]
-#[path = "support/redis.rs"]
-mod redis_support;
-
 /// The same scenarios on Redis: the same answer to every call as in memory, and every
 /// probed refusal exact there too.
 #[cfg(feature = "redis")]
@@ -370,7 +368,7 @@ fn every_refusal_reports_its_exact_wait_on_redis_as_in_memory() {
     use tollgate::fair::RedisFair;
     use tollgate::store::RedisConnection;
 
-    let Some(target) = redis_support::Target::get() else {
+    let Some(target) = support::redis::Target::get() else {
         return;
     };
     let url = target.url();

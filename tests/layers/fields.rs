@@ -12,11 +12,9 @@
 //!
 //! Paused time throughout: every wait is exact.
 
-#[path = "support/sf.rs"]
-mod sf;
-
 use std::{convert::Infallible, time::Duration};
 
+use crate::support::sf;
 use axum::body::Body;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -560,7 +558,7 @@ async fn a_refusal_for_the_deadline_names_the_enforced_queues_only() {
 
 /// The parser the tests above read the fields with (`support/sf.rs`), on its own.
 mod sf_parser {
-    use super::sf::{parse_list, parse_list_lines, Bare};
+    use crate::support::sf::{parse_list, parse_list_lines, Bare};
 
     #[test]
     fn parses_what_rfc_9651_says() {
