@@ -147,7 +147,7 @@ async fn greedy_on_a_pool_of_burst_1(keys: &[&str]) -> Vec<f64> {
 /// A pool of burst 1 never lends: a key alone gets the pool up to its ceiling (16 of the
 /// 20 per second), but beside a key held at its ceiling (5 per second) a greedy key
 /// gets its share, half the pool, and the 5 per second the other leaves go to nobody
-/// (on a pool of burst 20 it gets 15, see `tests/fair.rs`).
+/// (on a pool of burst 20 it gets 15, see `fair.rs`).
 #[tokio::test]
 async fn a_pool_of_burst_1_gives_each_key_its_share_and_lends_nothing() {
     assert_eq!(greedy_on_a_pool_of_burst_1(&["big"]).await, [16.0]);

@@ -1,7 +1,7 @@
 //! Batching on one connection: requests made while a call is in flight go out together,
 //! each caller gets its own reply, and a stalled call fails each request through the
 //! failure policy. (Decisions through batches are compared with the in-memory store in
-//! `redis_semantics.rs`.)
+//! `semantics.rs`.)
 
 use std::time::Duration;
 
