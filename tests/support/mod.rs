@@ -1,5 +1,11 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: each test binary (`tests/<area>/main.rs`)
+//! includes this module once, as `support`.
 #![allow(dead_code, unreachable_pub)]
+
+#[cfg(feature = "redis")]
+pub mod equiv;
+pub mod redis;
+pub mod sf;
 
 use std::net::SocketAddr;
 
@@ -55,20 +61,23 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()
 }
 
-/// One response's status, named headers and body.
+/// One response's status, headers and body: from `get` (a request over a socket, the
+/// status as a number) or `send` (a request through a router in process, the status as a
+/// `StatusCode`).
 #[derive(Debug)]
-pub struct Got {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
+pub struct Got<Status = u16> {
+    pub status: Status,
+    pub headers: http::HeaderMap,
     pub body: String,
 }
 
-impl Got {
+impl<Status> Got<Status> {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }
 }
 
+/// `GET url` with `headers`, over a socket.
 pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> Got {
     let mut req = client.get(url);
     for (k, v) in headers {
@@ -82,6 +91,22 @@ pub async fn get(client: &reqwest::Client, url: &str, headers: &[(&str, &str)]) 
         status,
         headers,
         body,
+    }
+}
+
+/// `req` through `app`, in process.
+pub async fn send(app: &Router, req: http::Request<axum::body::Body>) -> Got<http::StatusCode> {
+    use tower::ServiceExt;
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    Got {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
     }
 }
 

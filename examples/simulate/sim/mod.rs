@@ -1,7 +1,7 @@
 //! The simulator's engine: traces (read from CSV or JSON lines, or built from patterns),
 //! their replay through a store's own decisions on a manual clock, the statistics, the
 //! series CSV and the SVG chart. `main.rs` is the command line around it; the tests in
-//! `tests/simulate.rs` include this module.
+//! `tests/policies/simulate.rs` include this module.
 #![allow(dead_code, unreachable_pub)]
 
 mod chart;
@@ -16,7 +16,7 @@ mod units;
 
 use std::fmt;
 
-// What both includers name: `main.rs` and `tests/simulate.rs`.
+// What both includers name: `main.rs` and `tests/policies/simulate.rs`.
 pub use patterns::pattern;
 pub use policies::{policies_file, policy_arg, Named};
 pub use replay::run_memory;
