@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use tollgate::clock::Clock;
 use tollgate::error::StoreError;
+use tollgate::key::KeyBytes;
 use tollgate::policy::PolicySet;
-use tollgate::store::{KeyBytes, Store, StoreFuture};
+use tollgate::store::{Store, StoreFuture};
 use tollgate::{ConfigError, Decision, Policy};
 
 /// One key's value in the backend: the fingerprint of the policy that wrote the state,

@@ -28,7 +28,6 @@ pub use self::redis::RedisBuilder;
 pub use self::redis::RedisConnection;
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
-pub use crate::key::KeyBytes;
 pub use crate::options::OnStoreError;
 pub use budget::Budget;
 pub use memory::MemoryStore;

@@ -19,13 +19,13 @@ use crate::{
     algorithm::{Params, MAX_WORDS},
     clock::Clock,
     error::{ConfigError, StoreError},
+    key::KeyBytes,
     observe::StoreMetrics,
     policy::Policy,
     redis::{within, Common, KeyNames, RedisConnection},
     store::{
         map::{self, allocation_bytes, default_shards, Both, KeyHasher, Residual, ShardedMap},
         tags::Tags,
-        KeyBytes,
     },
 };
 

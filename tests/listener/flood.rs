@@ -6,7 +6,6 @@
 //! legitimate client whose head arrives at 500 bytes a second. Each variant is a test of
 //! its own; they take turns (each starts its own server). With `--nocapture` each prints
 //! its figures; `TOLLGATE_FLOOD_TRACE=1` prints every request of the normal client too.
-#![cfg(all(feature = "listener", target_os = "linux"))]
 
 use std::io::{self, BufRead};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -71,7 +70,7 @@ impl Server {
         let exe = std::env::current_exe().unwrap();
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(r#"ulimit -n 1024 && exec "$0" --ignored --exact flood_server --nocapture --test-threads 1"#)
+            .arg(r#"ulimit -n 1024 && exec "$0" --ignored --exact flood::flood_server --nocapture --test-threads 1"#)
             .arg(&exe)
             .env("TOLLGATE_FLOOD_SERVER", "1")
             .stdin(Stdio::piped())
@@ -79,7 +78,7 @@ impl Server {
             .spawn()
             .unwrap();
         let mut lines = io::BufReader::new(child.stdout.take().unwrap()).lines();
-        // The harness's `test flood_server ... ` comes first on the line.
+        // The harness's `test flood::flood_server ... ` comes first on the line.
         let line = lines
             .find_map(|l| Some(l.ok()?.split_once("port ")?.1.to_owned()))
             .expect("the server's port");

@@ -4,8 +4,7 @@
 //! has made the least progress gives way; a connection whose request head is late or
 //! slow, whose body is slow, or that idles between requests is closed. Real sockets on
 //! loopback: all of 127/8 is local on Linux, so each test's clients come from addresses
-//! of their own. Floods under a descriptor limit: `tests/listener_flood.rs`.
-#![cfg(feature = "listener")]
+//! of their own. Floods under a descriptor limit: `flood.rs`.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
