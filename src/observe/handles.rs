@@ -92,7 +92,7 @@ series! {
         );
     #[cfg_attr(not(feature = "upstream"), allow(dead_code))]
     UPSTREAM_PAUSES = counter("tollgate.upstream.pauses_total", Count):
-        "Pauses an upstream asked for, by field: retry-after, ratelimit, x-ratelimit";
+        "Pauses an upstream asked for, by field: retry_after, ratelimit, x_ratelimit";
     #[cfg_attr(not(feature = "listener"), allow(dead_code))]
     OPEN_CONNECTIONS = gauge("tollgate.connections.open", Count):
         "Connections open through a limited listener";

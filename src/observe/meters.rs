@@ -329,7 +329,7 @@ impl InFlightMetrics {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Sent {
     /// Sent upstream (after its wait, if any).
-    Sent,
+    Upstream,
     /// Not sent: no slot within the caller's wait.
     Refused,
     /// Sent without a decision: the store failed, failing open.
@@ -356,8 +356,8 @@ impl UpstreamMetrics {
         UpstreamMetrics {
             calls: ["sent", "refused", "fail_open", "fail_closed"]
                 .map(|r| Count::new(UPSTREAM_CALLS, &[l, ("tollgate.result", r)], Bind::Now)),
-            pauses: ["retry-after", "ratelimit", "x-ratelimit"]
-                .map(|f| Count::new(UPSTREAM_PAUSES, &[l, ("tollgate.field", f)], Bind::FirstUse)),
+            pauses: ["retry_after", "ratelimit", "x_ratelimit"]
+                .map(|f| Count::new(UPSTREAM_PAUSES, &[l, ("tollgate.field", f)], Bind::Now)),
         }
     }
 

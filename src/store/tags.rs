@@ -92,11 +92,13 @@ impl Tags {
     }
 
     /// Whether the policy tagged `a` belongs to a set installed after that of `b`: a
-    /// request decided under `b` began before a swap to `a`'s set.
+    /// request decided under `b` began before a swap to `a`'s set. A policy no layer
+    /// installed (one the upstream layer learned, one a store is asked about directly)
+    /// belongs to no set, and is older than none: a request under it is a change of plan.
     pub(crate) fn newer(&self, a: u32, b: u32) -> bool {
         let r = self.registry.read().unwrap_or_else(PoisonError::into_inner);
         let g = |t: u32| r.generations.get(t as usize).copied().unwrap_or(0);
-        g(a) > g(b)
+        g(b) != 0 && g(a) > g(b)
     }
 
     /// The policy a state tagged `tag` was written under.

@@ -27,9 +27,9 @@ pub(crate) enum Field {
 impl Field {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Field::RetryAfter => "retry-after",
+            Field::RetryAfter => "retry_after",
             Field::RateLimit => "ratelimit",
-            Field::XRateLimit => "x-ratelimit",
+            Field::XRateLimit => "x_ratelimit",
         }
     }
 }

@@ -12,13 +12,14 @@ use tower_layer::Layer;
 use super::pacer::{pause_limit, Call, Pacer, Shared};
 use super::retry::RetryAfter;
 use super::service::Upstream;
+use crate::algorithm::Limit;
 use crate::core::{CommonOptions, Core, Wording};
 use crate::error::{BoxError, ConfigError};
 use crate::key::{Host, KeyBytes, KeyExtractor, MissingKey};
 use crate::options::OnStoreError;
 use crate::policy::IntoPolicy;
+use crate::policy::Policy;
 use crate::store::{MemoryStore, Store, StoreFuture};
-use crate::Limit;
 
 static WORDING: Wording = Wording {
     kind: "upstream limit",
@@ -153,7 +154,7 @@ impl<X> UpstreamBuilder<X> {
         }
     }
 
-    /// Adds limits of your own (a policy or its text: `"10/s; 5000/day"`), applied
+    /// Adds limits of your own (a policy or its text: `"10/s, 5000/day"`), applied
     /// besides what the upstream announces: the tighter wins. At most three limits; a bad
     /// text is reported by `build`.
     pub fn policy(mut self, policy: impl IntoPolicy) -> Self {
@@ -218,14 +219,15 @@ impl<X> UpstreamBuilder<X> {
         K: KeyBytes + std::hash::Hash + Eq + Clone + Send + Sync + 'static,
     {
         let label = self.common.label.clone();
-        let store =
-            MemoryStore::for_layer(crate::Policy::new(pause_limit()?), &label, self.max_bytes)?;
-        self.build_with(store)
+        let store = MemoryStore::for_layer(Policy::new(pause_limit()?), &label, self.max_bytes)?;
+        let limits = self.limits.iter().cloned().collect::<Result<Vec<_>, _>>()?;
+        self.build_on(store, limits)
     }
 
     /// Builds the layer on `store`: a [`RedisStore`](crate::store::RedisStore) (feature
     /// `redis`) shares pauses and quotas with every instance and worker using a store of
-    /// the same name.
+    /// the same name. Without a [`policy`](Self::policy) of the builder's, the layer
+    /// applies the policy the store was built for (the upstream's documented limit, say).
     ///
     /// # Errors
     ///
@@ -235,7 +237,24 @@ impl<X> UpstreamBuilder<X> {
         X: KeyExtractor<Request<()>, Key = K>,
         St: Store<Option<K>>,
     {
-        let limits = self.limits.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let limits = match &self.limits[..] {
+            [] => store
+                .default_policy()
+                .map(|p| p.limits().to_vec())
+                .unwrap_or_default(),
+            given => given.iter().cloned().collect::<Result<Vec<_>, _>>()?,
+        };
+        self.build_on(store, limits)
+    }
+
+    fn build_on<K, St>(
+        self,
+        store: St,
+        limits: Vec<Limit>,
+    ) -> Result<UpstreamLayer<X, St>, ConfigError>
+    where
+        St: Store<Option<K>>,
+    {
         let common = self.common.build(b"", &WORDING)?;
         let shared = Shared::new::<K>(
             store,

@@ -5,8 +5,8 @@
 //!
 //! A partition's limits are one policy: first a pause (a token bucket too large to refuse
 //! anything, which a pause bans), then the configured limits, then the learned quotas,
-//! tightest first, as leaky queues that serve an announced quota's burst at once and
-//! queue the rest at 95 % of its rate. Limits take a key's state over by position, so a
+//! tightest first, as leaky queues at 95 % of a quota's rate with a burst served at once
+//! (see [`Shared::learned_limit`]). Limits take a key's state over by position, so a
 //! pause survives the quotas changing behind it. A pause is a [`Store::ban`]: on a shared
 //! store it pauses every instance.
 
@@ -21,6 +21,7 @@ use http::{HeaderMap, Request, StatusCode};
 use tokio::time::Instant;
 
 use super::fields::{self, Announced, Heard};
+use crate::algorithm::Limit;
 use crate::core::{Begin, Common, Core, Decide, Next, Part, RefundGuard};
 use crate::decision::{Decision, Outcome, MAX_LIMITS};
 use crate::error::{BoxError, ConfigError, RateLimited};
@@ -28,8 +29,8 @@ use crate::key::KeyBytes;
 use crate::observe::{OncePerSecond, Sent, UpstreamMetrics};
 use crate::options::OnStoreError;
 use crate::policy::{Policy, PolicySet};
+use crate::quota::Quota;
 use crate::store::{Store, StoreFuture};
-use crate::{Limit, Quota};
 
 /// How many partitions' learned quotas are kept: past it, one is forgotten for each new
 /// one (it applies the configured limits until its upstream speaks again).
@@ -38,6 +39,9 @@ const MAX_PARTITIONS: usize = 4096;
 /// A learned quota is followed at this share of its rate (19/20), a margin for the clock
 /// and the network between the upstream's count and ours.
 const SHARE: (u64, u64) = (19, 20);
+
+/// The longest window of a quota followed as a rate; longer ones are budgets.
+const RATE_WINDOW_SECS: u64 = 60;
 
 /// The upstream layer's part of the core.
 #[allow(missing_debug_implementations)]
@@ -51,6 +55,8 @@ pub(crate) struct Shared<St> {
     pub(crate) store: St,
     /// The pause, then the configured limits: a partition's policy until it learns.
     base: Policy,
+    /// The policy a pause bans until then.
+    base_pausing: Policy,
     /// The pause alone: what a call that waited for its slot looks at before it goes.
     pause: Policy,
     learned: Mutex<HashMap<Box<[u8]>, Learned>>,
@@ -68,6 +74,16 @@ struct Learned {
     /// `X-RateLimit-Limit`, which that family does not say.
     x_window: u64,
     policy: Policy,
+    /// The policy a pause bans: [`pausing`] of `policy`.
+    pausing: Policy,
+}
+
+/// `policy` with every limit but the first (the pause) in shadow: what a pause bans.
+fn pausing(policy: &Policy) -> Result<Policy, ConfigError> {
+    let (pause, rest) = policy.limits().split_first().expect("a policy has a limit");
+    Policy::from_limits(
+        std::iter::once(pause.clone()).chain(rest.iter().map(|l| l.clone().shadow())),
+    )
 }
 
 /// The limit a pause bans: it admits a million a second otherwise.
@@ -101,6 +117,7 @@ impl<St> Shared<St> {
         store.policies_installed(&PolicySet::single(base.clone()))?;
         Ok(Shared {
             store,
+            base_pausing: pausing(&base)?,
             base,
             pause,
             learned: Mutex::default(),
@@ -138,7 +155,7 @@ impl<St> Shared<St> {
         St: Store<Option<K>>,
     {
         let heard = fields::read(status, headers, SystemTime::now());
-        let policy = self.learn::<K>(partition, &heard);
+        let pausing = self.learn::<K>(partition, &heard);
         if let Some((pause, field)) = heard.pause {
             let pause = pause.min(self.max_pause);
             self.metrics.pause(field as usize);
@@ -150,7 +167,7 @@ impl<St> Shared<St> {
                     pause_ms = pause.as_millis() as u64, "the upstream asked for a pause");
             }
             self.store
-                .ban(key, &policy, pause)
+                .ban(key, &pausing, pause)
                 .detach("an upstream's pause");
         }
         heard
@@ -164,11 +181,15 @@ impl<St> Shared<St> {
     {
         let mut partition = Vec::new();
         key.write_key(&mut partition);
-        let policy = self.policy(&partition);
-        self.store.ban(key, &policy, pause.min(self.max_pause))
+        let pausing = match self.learned().get(&partition[..]) {
+            Some(l) => l.pausing.clone(),
+            None => self.base_pausing.clone(),
+        };
+        self.store.ban(key, &pausing, pause.min(self.max_pause))
     }
 
-    /// Follows the quotas `heard` announced for `partition`; returns the policy in force.
+    /// Follows the quotas `heard` announced for `partition`; returns the policy a pause
+    /// bans now.
     fn learn<K>(&self, partition: &[u8], heard: &Heard) -> Policy
     where
         St: Store<Option<K>>,
@@ -183,21 +204,24 @@ impl<St> Shared<St> {
                 x_window = x_window.max(reset.ceil() as u64);
             }
             if x_window == 0 {
-                return known.map_or_else(|| self.base.clone(), |l| l.policy.clone());
+                return known.map_or_else(|| self.base_pausing.clone(), |l| l.pausing.clone());
             }
             vec![Announced {
                 quota,
                 window_secs: x_window,
             }]
         } else {
-            return known.map_or_else(|| self.base.clone(), |l| l.policy.clone());
+            return known.map_or_else(|| self.base_pausing.clone(), |l| l.pausing.clone());
         };
         if let Some(known) = known {
             if known.announced == announced {
-                return known.policy.clone();
+                return known.pausing.clone();
             }
         }
         let policy = self.policy_with::<K>(&announced);
+        let Ok(pausing) = pausing(&policy) else {
+            return self.base_pausing.clone();
+        };
         tracing::info!(target: "tollgate", limiter = %self.label, policy = %policy,
             "following the quotas the upstream announced");
         if learned.len() >= MAX_PARTITIONS && !learned.contains_key(partition) {
@@ -210,10 +234,11 @@ impl<St> Shared<St> {
             Learned {
                 announced,
                 x_window,
-                policy: policy.clone(),
+                policy,
+                pausing: pausing.clone(),
             },
         );
-        policy
+        pausing
     }
 
     /// The base policy with the `announced` quotas the store can decide, tightest rate
@@ -245,19 +270,29 @@ impl<St> Shared<St> {
         policy
     }
 
-    /// A learned quota as a limit: its burst at once, then 95 % of its rate, queued up to
-    /// the longest wait.
+    /// A learned quota as a limit: 95 % of its rate, queued up to the longest wait, with
+    /// a burst served at once. A window of a minute or less is a rate: its burst is what
+    /// the rate leaves of the quota in a window (a twentieth), so that no window of that
+    /// length, wherever it starts, sees more than the quota (an upstream counting in
+    /// windows refuses a whole quota sent at once after a rate's worth). A longer window
+    /// is a budget: spent as fast as calls come, until the upstream says `r=0` (or
+    /// `Remaining: 0`) and the partition pauses until its reset.
     fn learned_limit(&self, a: Announced) -> Result<Limit, ConfigError> {
         let overflow = || ConfigError::Overflow("an announced quota");
         let quota = Quota::new(
             a.quota.checked_mul(SHARE.0).ok_or_else(overflow)?,
             Duration::from_secs(a.window_secs.checked_mul(SHARE.1).ok_or_else(overflow)?),
         )?;
+        let burst = if a.window_secs <= RATE_WINDOW_SECS {
+            (a.quota * (SHARE.1 - SHARE.0) / SHARE.1).max(1)
+        } else {
+            a.quota
+        };
         let interval = quota.emission_interval().as_nanos().max(1);
         let slots = u32::try_from(self.max_wait.as_nanos() / interval)
             .unwrap_or(u32::MAX)
             .saturating_add(1);
-        let nodelay = u32::try_from(a.quota)
+        let nodelay = u32::try_from(burst)
             .unwrap_or(u32::MAX)
             .min(u32::MAX - slots);
         let mut limit = Limit::leaky_queue_nodelay(quota, nodelay + slots, nodelay)?;
@@ -370,7 +405,7 @@ where
                 }
                 slot.disarm();
             }
-            shared.metrics.call(Sent::Sent);
+            shared.metrics.call(Sent::Upstream);
             return Paced::Go;
         }
     }
@@ -485,7 +520,7 @@ where
                     wait: Duration::ZERO,
                 })
             {
-                shared.metrics.call(Sent::Sent);
+                shared.metrics.call(Sent::Upstream);
                 return Begin::Now(Next::Proceed {
                     wait: Duration::ZERO,
                     extra: Some(learn),

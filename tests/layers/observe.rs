@@ -1250,17 +1250,19 @@ fn guide_rows() -> Vec<(String, Vec<String>, Vec<String>, bool)> {
 
 /// The attributes whose values are a fixed list (the others are labels and names).
 #[cfg(feature = "metrics")]
-const LISTED: [&str; 5] = [
+const LISTED: [&str; 7] = [
     "tollgate.result",
     "tollgate.source",
     "tollgate.outcome",
     "tollgate.state",
+    "tollgate.reason",
+    "tollgate.field",
     "error.type",
 ];
 
 /// Regression: the observability guide omitted the `deadline` result the rate-limit and
 /// in-flight layers count, and the listener's series. Every series the layers, the memory
-/// store and the listener register (each result included, the first-use ones made to
+/// store, the listener and the upstream layer register (each result included, the first-use ones made to
 /// happen) is in the guide with its attributes and values; every metric of the guide is
 /// registered (but the network stores', which need a server), with every value listed
 /// (but those only a Redis store makes).
@@ -1316,7 +1318,13 @@ async fn the_guide_lists_the_metrics_and_values_the_code_registers() {
     let listener = tollgate::listener::ConnectionLimits::new()
         .build(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap())
         .unwrap();
+    #[cfg(feature = "upstream")]
+    let upstream = tollgate::upstream::UpstreamLayer::builder()
+        .build()
+        .unwrap();
     let snap = rec.snapshot();
+    #[cfg(feature = "upstream")]
+    drop(upstream);
     drop((limit, in_flight, fair));
     #[cfg(feature = "listener")]
     drop(listener);
@@ -1351,6 +1359,10 @@ async fn the_guide_lists_the_metrics_and_values_the_code_registers() {
         }
         #[cfg(not(feature = "listener"))]
         if name.starts_with("tollgate.connections") {
+            continue;
+        }
+        #[cfg(not(feature = "upstream"))]
+        if name.starts_with("tollgate.upstream") {
             continue;
         }
         let seen = registered
