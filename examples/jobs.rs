@@ -214,12 +214,12 @@ fn most_in_one_second(times: &[u64]) -> usize {
 
 /// One worker: takes jobs until the queue is empty, each sent in the fleet's turn.
 async fn worker(url: &str, keys: Keys) -> Result<(), BoxError> {
-    // Every worker's store has this name: their turns and pauses are one limit's.
-    let any: tollgate::Policy = "1000000/s".parse()?;
+    // Every worker's store has this name and this limit: their turns and pauses are one
+    // limit's.
+    let limit: tollgate::Policy = LIMIT.parse()?;
     let store =
-        RedisStore::builder("jobs-example", any).build(RedisConnection::connect(url).await?)?;
+        RedisStore::builder("jobs-example", limit).build(RedisConnection::connect(url).await?)?;
     let limit = UpstreamLayer::builder()
-        .policy(LIMIT)
         .max_wait(Duration::from_secs(30))
         .build_with(store)?;
     let provider = redis::Script::new(PROVIDER);
