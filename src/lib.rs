@@ -50,7 +50,8 @@ pub use ratelimit::RateLimitLayer;
     feature = "axum",
     feature = "json",
     feature = "listener",
-    feature = "redis"
+    feature = "redis",
+    feature = "upstream"
 ))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

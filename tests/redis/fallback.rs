@@ -117,3 +117,81 @@ async fn the_default_share_is_one_over_the_instances_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Two limits, the second the tighter: 20 a minute under a wide 1 000.
+fn two_limits() -> tollgate::Policy {
+    tollgate::Policy::from_limits([
+        Limit::token_bucket(Quota::per_minute(1000).unwrap()).unwrap(),
+        limit(),
+    ])
+    .unwrap()
+}
+
+/// Regression: a look at a key under another policy (the upstream layer's look for a
+/// pause, under the pause alone) converted the key's fallback state to that policy, so
+/// the limits it lacks started again from full: while Redis was away, a key out of its
+/// 20 a minute was admitted again after one look. A look changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_under_another_policy_leaves_the_fallback_state_as_it_was() {
+    use tollgate::store::Store;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = ManualClock::at(Duration::from_secs(1_700_000_000));
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let policy = two_limits();
+    let store = RedisStore::builder("two", policy.clone())
+        .clock(clock.clone())
+        .failure_policy(FailurePolicy::LocalFallback { share: 1.0 })
+        .build(conn)
+        .unwrap();
+    server.stop();
+    let mut admitted = 0;
+    for _ in 0..21 {
+        let d = store.check("k", 1).await.unwrap();
+        assert_eq!(d.source(), Source::Fallback);
+        admitted += u32::from(d.is_allowed());
+    }
+    assert_eq!(admitted, 20);
+    let wide =
+        tollgate::Policy::new(Limit::token_bucket(Quota::per_minute(1000).unwrap()).unwrap());
+    let look = Store::<&str>::preview(&store, &"k", &wide, 1)
+        .await
+        .unwrap();
+    assert!(look.is_allowed(), "{look:?}");
+    let d = store.check("k", 1).await.unwrap();
+    assert!(
+        !d.is_allowed(),
+        "out of its 20 a minute after a look: {d:?}"
+    );
+    server.cont();
+}
+
+/// Regression: a ban Redis could not take was lost (the upstream layer's pause while Redis
+/// is away paused nothing): it holds this instance's fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_while_redis_is_away_holds_the_fallback() {
+    use tollgate::store::Store;
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let clock = ManualClock::at(Duration::from_secs(1_700_000_000));
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let policy = two_limits();
+    let store = RedisStore::builder("two", policy.clone())
+        .clock(clock.clone())
+        .failure_policy(FailurePolicy::LocalFallback { share: 1.0 })
+        .build(conn)
+        .unwrap();
+    server.stop();
+    Store::<&str>::ban(&store, &"k", &policy, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let d = store.check("k", 1).await.unwrap();
+    assert_eq!(d.source(), Source::Fallback);
+    assert!(!d.is_allowed(), "banned for 30 s: {d:?}");
+    clock.advance(Duration::from_secs(31));
+    let d = store.check("k", 1).await.unwrap();
+    assert!(d.is_allowed(), "the ban is over: {d:?}");
+    server.cont();
+}

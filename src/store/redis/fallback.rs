@@ -110,22 +110,32 @@ impl Fallback {
         cost: u64,
     ) -> Option<Decision> {
         let local = self.scaled(policy, self.share())?;
-        let check = mode != Mode::Peek;
-        let d = self.local.entry(key, policy, check, |e, now| {
-            if !check {
-                return local.peek(&e.state, now, cost);
-            }
+        if mode == Mode::Peek {
+            // A look changes nothing, not even the policy the key's state is kept under.
+            let d = self
+                .local
+                .look(key, policy, |state, now| local.peek(state, now, cost));
+            return Some(d.with_source(Source::Fallback));
+        }
+        let d = self.local.entry(key, policy, true, |e, now| {
             let d = local.decide(&mut e.state, now, cost);
             if d.is_allowed() {
                 e.pending = e.pending.saturating_add(cost);
             }
             d
         });
-        if check {
-            self.local.floors.store(true, Ordering::Release);
-            self.dirty.store(true, Ordering::Release);
-        }
+        self.local.floors.store(true, Ordering::Release);
+        self.dirty.store(true, Ordering::Release);
         Some(d.with_source(Source::Fallback))
+    }
+
+    /// Bans `key` under `policy` for `ban_ns` here (Redis failed to take the ban).
+    pub(super) fn ban(&self, key: &[u8], policy: &Policy, ban_ns: u64) {
+        if let Some(local) = self.scaled(policy, self.share()) {
+            self.local.entry(key, policy, false, |e, now| {
+                local.ban(&mut e.state, now, ban_ns)
+            });
+        }
     }
 
     /// The key's units and state to sync before Redis decides it again, when it was

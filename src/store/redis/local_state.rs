@@ -232,6 +232,25 @@ impl Shared {
         f(e, now)
     }
 
+    /// Runs `f` on the key's state as `policy` sees it (carried over when written under
+    /// another policy, fresh when the key is not held), changing nothing: a look.
+    pub(super) fn look<R>(
+        &self,
+        key: &[u8],
+        policy: &Policy,
+        f: impl FnOnce(&[u64; MAX_WORDS], u64) -> R,
+    ) -> R {
+        let hash = map::hash_of(&self.hasher, key);
+        let tag = self.tags.tag(policy);
+        let shard = self.map.read(hash);
+        let now = self.now();
+        match shard.one.find(hash, |e| *e.key == *key) {
+            Some(e) if e.tag == tag => f(&e.state, now),
+            Some(e) => f(&self.tags.carry(e.tag, &e.state, policy, now), now),
+            None => f(&[0; MAX_WORDS], now),
+        }
+    }
+
     /// Runs `f` on the key's entry, as [`Shared::entry`] does, when the key is held.
     pub(super) fn existing(&self, key: &[u8], policy: &Policy, f: impl FnOnce(&mut Entry, u64)) {
         let hash = map::hash_of(&self.hasher, key);

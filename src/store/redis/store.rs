@@ -356,12 +356,21 @@ impl RedisStore {
         }
         let limits = self.inner.limits(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
+        // A ban Redis cannot take holds this instance's fallback (the one decision a
+        // failed change leaves to it: a pause asked for while Redis is away still pauses).
+        let ban = (mode == Mode::Ban && shared.fallback.is_some()).then(|| policy.clone());
         StoreFuture::boxed(async move {
             let call = shared.script_call(mode, units, limits?, true);
-            shared
-                .guarded_call(&k, call, shared.deadline)
-                .await
-                .map(|_| ())
+            match shared.guarded_call(&k, call, shared.deadline).await {
+                Ok(_) => Ok(()),
+                Err(e) => match (&shared.fallback, ban) {
+                    (Some(fb), Some(policy)) => {
+                        fb.ban(&k, &policy, units);
+                        Ok(())
+                    }
+                    _ => Err(e),
+                },
+            }
         })
     }
 
