@@ -260,3 +260,37 @@ fn settles_bans_and_resets_apply_here_at_once_and_reach_redis() {
     rt.block_on(other.sync()).unwrap();
     assert_eq!(remaining(&other), 10);
 }
+
+/// Regression: a look at a key under another policy converted the key's local state to
+/// that policy (a key out of its 20 a minute, under a policy of two limits, was admitted
+/// again after a look under the wide one alone), and a look at a key not held made it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_changes_nothing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let wide = Limit::token_bucket(Quota::per_minute(1000).unwrap()).unwrap();
+    let tight = Limit::token_bucket(Quota::per_minute(20).unwrap()).unwrap();
+    let policy = tollgate::Policy::from_limits([wide.clone(), tight]).unwrap();
+    let conn = RedisConnection::connect(&server.url()).await.unwrap();
+    let store = LocalFirstStore::new("look", policy, conn, INTERVAL).unwrap();
+    let admitted = (0..21)
+        .filter(|_| store.check_local("k", 1).is_allowed())
+        .count();
+    assert_eq!(admitted, 20);
+    let wide = tollgate::Policy::new(wide);
+    let look = Store::<&str>::preview(&store, &"k", &wide, 1)
+        .await
+        .unwrap();
+    assert!(look.is_allowed(), "{look:?}");
+    let d = store.check_local("k", 1);
+    assert!(
+        !d.is_allowed(),
+        "out of its 20 a minute after a look: {d:?}"
+    );
+    let held = store.len();
+    Store::<&str>::preview(&store, &"other", &wide, 1)
+        .await
+        .unwrap();
+    assert_eq!(store.len(), held, "a look at a key not held holds it");
+}

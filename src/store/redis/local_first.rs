@@ -178,8 +178,10 @@ impl LocalFirstStore {
 
     fn peek_with<K: KeyBytes + ?Sized>(&self, key: &K, policy: &Policy, cost: u64) -> Decision {
         let k = self.inner.redis_key(key);
+        // A look changes nothing: not the policy the key's state is kept under, not the
+        // keys held.
         self.inner
-            .with_entry(k, policy, |e, now| policy.peek(&e.state, now, cost))
+            .look(&k, policy, |state, now| policy.peek(state, now, cost))
     }
 }
 
