@@ -220,7 +220,7 @@ impl<X> UpstreamBuilder<X> {
     {
         let label = self.common.label.clone();
         let store = MemoryStore::for_layer(Policy::new(pause_limit()?), &label, self.max_bytes)?;
-        let limits = self.limits.iter().cloned().collect::<Result<Vec<_>, _>>()?;
+        let limits = self.given_limits()?;
         self.build_on(store, limits)
     }
 
@@ -237,14 +237,20 @@ impl<X> UpstreamBuilder<X> {
         X: KeyExtractor<Request<()>, Key = K>,
         St: Store<Option<K>>,
     {
-        let limits = match &self.limits[..] {
-            [] => store
+        let limits = if self.limits.is_empty() {
+            store
                 .default_policy()
                 .map(|p| p.limits().to_vec())
-                .unwrap_or_default(),
-            given => given.iter().cloned().collect::<Result<Vec<_>, _>>()?,
+                .unwrap_or_default()
+        } else {
+            self.given_limits()?
         };
         self.build_on(store, limits)
+    }
+
+    /// The limits given with [`policy`](Self::policy), or the first bad text's error.
+    fn given_limits(&self) -> Result<Vec<Limit>, ConfigError> {
+        self.limits.iter().cloned().collect()
     }
 
     fn build_on<K, St>(

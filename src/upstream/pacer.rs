@@ -141,6 +141,11 @@ impl<St> Shared<St> {
         }
     }
 
+    /// The policy a pause of `partition` bans, as `known` (its learned quotas) makes it.
+    fn pausing_of(&self, known: Option<&Learned>) -> Policy {
+        known.map_or_else(|| self.base_pausing.clone(), |l| l.pausing.clone())
+    }
+
     /// Reads a response of `partition`'s upstream (its `key` in the store): a pause it
     /// asks for is banned into the store, quotas it announces are followed from the
     /// partition's next call. Returns what it said.
@@ -181,10 +186,7 @@ impl<St> Shared<St> {
     {
         let mut partition = Vec::new();
         key.write_key(&mut partition);
-        let pausing = match self.learned().get(&partition[..]) {
-            Some(l) => l.pausing.clone(),
-            None => self.base_pausing.clone(),
-        };
+        let pausing = self.pausing_of(self.learned().get(&partition[..]));
         self.store.ban(key, &pausing, pause.min(self.max_pause))
     }
 
@@ -204,14 +206,14 @@ impl<St> Shared<St> {
                 x_window = x_window.max(reset.ceil() as u64);
             }
             if x_window == 0 {
-                return known.map_or_else(|| self.base_pausing.clone(), |l| l.pausing.clone());
+                return self.pausing_of(known);
             }
             vec![Announced {
                 quota,
                 window_secs: x_window,
             }]
         } else {
-            return known.map_or_else(|| self.base_pausing.clone(), |l| l.pausing.clone());
+            return self.pausing_of(known);
         };
         if let Some(known) = known {
             if known.announced == announced {
@@ -354,21 +356,23 @@ where
 
     /// Waits until the call may be sent: decides for one unit and sleeps through
     /// refusals (a pause, a full quota) and its slot as long as the layer's `max_wait`
-    /// allows. `first` is a decision already made. A call that waited for its slot looks
+    /// allows. `first` is a decision already made, with the policy it was made under. A call that waited for its slot looks
     /// for a pause before it goes: one begun meanwhile (asked of this instance or
     /// another) gives the slot back and is waited out.
-    pub(crate) async fn pace(self: Arc<Self>, first: Option<Decision>) -> Paced {
+    pub(crate) async fn pace(self: Arc<Self>, first: Option<(Policy, Decision)>) -> Paced {
         let shared = &self.shared;
         let until = Instant::now() + shared.max_wait;
         let mut decided = first;
         loop {
-            let policy = shared.policy(&self.partition);
-            let d = match decided.take() {
-                Some(d) => d,
-                None => match shared.store.decide(&self.key, &policy, 1).await {
-                    Ok(d) => d,
-                    Err(e) => return self.failed(e),
-                },
+            let (policy, d) = match decided.take() {
+                Some(first) => first,
+                None => {
+                    let policy = shared.policy(&self.partition);
+                    match shared.store.decide(&self.key, &policy, 1).await {
+                        Ok(d) => (policy, d),
+                        Err(e) => return self.failed(e),
+                    }
+                }
             };
             let wait = match d.outcome() {
                 Outcome::Allowed { wait } if Instant::now() + wait <= until => wait,
@@ -511,9 +515,8 @@ where
         let call = Arc::new(Call::new(shared, key, core.common.on_error()));
         let learn = Learn(Arc::clone(&call) as Arc<dyn Hear>);
         // The memory store decides at once: a call admitted now is sent now.
-        let now = shared
-            .store
-            .decide_now(&call.key, &shared.policy(&call.partition), 1);
+        let policy = shared.policy(&call.partition);
+        let now = shared.store.decide_now(&call.key, &policy, 1);
         if let Some(d) = &now {
             if d.outcome()
                 == (Outcome::Allowed {
@@ -529,7 +532,7 @@ where
             }
         }
         Begin::Later(Pace {
-            wait: Box::pin(call.pace(now)),
+            wait: Box::pin(call.pace(now.map(|d| (policy, d)))),
             learn,
         })
     }
