@@ -65,6 +65,10 @@ pub(crate) type MachineOf<S, Req, P, K> = Machine<
     <P as Part<Req, K>>::Later,
 >;
 
+/// What a layer's part makes of a request before the machine starts.
+pub(crate) type BeginOf<Req, P, K> =
+    Begin<<P as Part<Req, K>>::Answer, <P as Part<Req, K>>::Extra, <P as Part<Req, K>>::Later>;
+
 impl<X, P> Core<X, P> {
     /// `req`'s response future: its key read, its layer's decision, and `inner` called
     /// now, later or never. `future` is the layer's response future around the machine
@@ -81,13 +85,24 @@ impl<X, P> Core<X, P> {
         X: KeyExtractor<Req> + Send + Sync + 'static,
         P: Part<Req, X::Key>,
     {
-        let begin = match self.common.key(&self.key, &req) {
-            Keyed::Key(key) => P::decide(self, key, &mut req),
+        let begin = self.begin(&mut req);
+        Machine::start(begin, inner, req, future)
+    }
+
+    /// What the core decides of `req` before the machine starts: its key read, then its
+    /// layer's decision (or the answer to a request without a key).
+    #[inline(always)]
+    pub(crate) fn begin<Req>(self: &Arc<Self>, req: &mut Req) -> BeginOf<Req, P, X::Key>
+    where
+        X: KeyExtractor<Req> + Send + Sync + 'static,
+        P: Part<Req, X::Key>,
+    {
+        match self.common.key(&self.key, req) {
+            Keyed::Key(key) => P::decide(self, key, req),
             Keyed::Unlimited => Begin::Unlimited,
             Keyed::Refuse(status) => {
-                Begin::Now(Next::Refuse(self.part.keyless(&self.common, &req, status)))
+                Begin::Now(Next::Refuse(self.part.keyless(&self.common, req, status)))
             }
-        };
-        Machine::start(begin, inner, req, future)
+        }
     }
 }

@@ -91,20 +91,18 @@ where
 
     /// The layer's access rules first (skipped requests, allowed and denied addresses),
     /// then the core.
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let limiter = &self.core.part;
-        let future = |machine| ResponseFuture { machine };
-        match limiter.flavour.access.screen(&req) {
-            Screen::Limit => self.core.call(&mut self.inner, req, future),
+        let begin = match limiter.flavour.access.screen(&req) {
+            Screen::Limit => self.core.begin(&mut req),
             Screen::Exempt => {
                 limiter.observe.exempt();
-                Machine::start(Begin::Unlimited, &mut self.inner, req, future)
+                Begin::Unlimited
             }
-            Screen::Deny => {
-                let refusal = limiter.deny(&req);
-                let begin = Begin::Now(Next::Refuse(refusal));
-                Machine::start(begin, &mut self.inner, req, future)
-            }
-        }
+            Screen::Deny => Begin::Now(Next::Refuse(limiter.deny(&req))),
+        };
+        Machine::start(begin, &mut self.inner, req, |machine| ResponseFuture {
+            machine,
+        })
     }
 }
