@@ -1,6 +1,6 @@
 //! [`Host`]: the host a request is sent to, for limits per upstream API.
 
-use http::{header::HOST, Request};
+use http::{header::HOST, uri::Authority, Request};
 
 use super::KeyExtractor;
 
@@ -38,20 +38,26 @@ impl<B> KeyExtractor<Request<B>> for Host {
     type Key = String;
 
     fn extract(&self, req: &Request<B>) -> Option<String> {
-        let host = match req.uri().authority() {
-            Some(authority) => authority.as_str().as_bytes(),
-            None => req.headers().get(HOST)?.as_bytes(),
+        let from_header;
+        let authority = match req.uri().authority() {
+            Some(authority) => authority,
+            None => {
+                from_header = req.headers().get(HOST)?.to_str().ok()?.parse::<Authority>();
+                from_header.as_ref().ok()?
+            }
         };
-        // Credentials before an `@` are not part of the host.
-        let host = match host.iter().rposition(|&b| b == b'@') {
-            Some(at) => &host[at + 1..],
-            None => host,
-        };
-        if host.is_empty() || host.len() > MAX_LEN || !host.is_ascii() {
+        // The host and port, without credentials before an `@`.
+        let (host, port) = (authority.host(), authority.port());
+        let len = host.len() + port.as_ref().map_or(0, |p| p.as_str().len() + 1);
+        if host.is_empty() || len > MAX_LEN || !host.is_ascii() {
             return None;
         }
-        let host = std::str::from_utf8(host).ok()?;
-        Some(host.to_ascii_lowercase())
+        let mut key = host.to_ascii_lowercase();
+        if let Some(port) = port {
+            key.push(':');
+            key.push_str(port.as_str());
+        }
+        Some(key)
     }
 }
 

@@ -356,21 +356,12 @@ impl RedisStore {
         }
         let limits = self.inner.limits(policy).map_err(StoreError::backend);
         let shared = self.inner.clone();
-        // A ban Redis cannot take holds this instance's fallback (the one decision a
-        // failed change leaves to it: a pause asked for while Redis is away still pauses).
-        let ban = (mode == Mode::Ban && shared.fallback.is_some()).then(|| policy.clone());
         StoreFuture::boxed(async move {
             let call = shared.script_call(mode, units, limits?, true);
-            match shared.guarded_call(&k, call, shared.deadline).await {
-                Ok(_) => Ok(()),
-                Err(e) => match (&shared.fallback, ban) {
-                    (Some(fb), Some(policy)) => {
-                        fb.ban(&k, &policy, units);
-                        Ok(())
-                    }
-                    _ => Err(e),
-                },
-            }
+            shared
+                .guarded_call(&k, call, shared.deadline)
+                .await
+                .map(|_| ())
         })
     }
 
@@ -442,9 +433,22 @@ impl<K: KeyBytes + 'static> Store<K> for RedisStore {
         }
     }
 
-    /// One script call (Lua numbers are exact below 2^53 ns, about 104 days).
+    /// One script call (Lua numbers are exact below 2^53 ns, about 104 days). A ban Redis
+    /// cannot take holds this instance's local fallback, when it has one: a pause asked
+    /// for while Redis is away still pauses here.
     fn ban(&self, key: &K, policy: &Policy, ban: Duration) -> StoreFuture<()> {
-        self.update(key, policy, Mode::Ban, script::ban_ns(ban))
+        let ban = script::ban_ns(ban);
+        let on_redis = self.update(key, policy, Mode::Ban, ban);
+        let Some(fallback) = self.inner.fallback.clone() else {
+            return on_redis;
+        };
+        let (key, policy) = (self.redis_key(key), policy.clone());
+        StoreFuture::boxed(async move {
+            if on_redis.await.is_err() {
+                fallback.ban(&key, &policy, ban);
+            }
+            Ok(())
+        })
     }
 
     /// Deletes the key's state (one `DEL`) and forgets its remembered refusals and its
