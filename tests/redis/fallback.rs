@@ -119,7 +119,7 @@ async fn the_default_share_is_one_over_the_instances_counted() {
 }
 
 /// Two limits, the second the tighter: 20 a minute under a wide 1 000.
-fn two_limits() -> tollgate::Policy {
+pub(crate) fn two_limits() -> tollgate::Policy {
     tollgate::Policy::from_limits([
         Limit::token_bucket(Quota::per_minute(1000).unwrap()).unwrap(),
         limit(),

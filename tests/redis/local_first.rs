@@ -269,16 +269,14 @@ async fn a_look_changes_nothing() {
     let Some(server) = RedisServer::start() else {
         return;
     };
-    let wide = Limit::token_bucket(Quota::per_minute(1000).unwrap()).unwrap();
-    let tight = Limit::token_bucket(Quota::per_minute(20).unwrap()).unwrap();
-    let policy = tollgate::Policy::from_limits([wide.clone(), tight]).unwrap();
+    let policy = crate::fallback::two_limits();
     let conn = RedisConnection::connect(&server.url()).await.unwrap();
-    let store = LocalFirstStore::new("look", policy, conn, INTERVAL).unwrap();
+    let store = LocalFirstStore::new("look", policy.clone(), conn, INTERVAL).unwrap();
     let admitted = (0..21)
         .filter(|_| store.check_local("k", 1).is_allowed())
         .count();
     assert_eq!(admitted, 20);
-    let wide = tollgate::Policy::new(wide);
+    let wide = tollgate::Policy::new(policy.limits()[0].clone());
     let look = Store::<&str>::preview(&store, &"k", &wide, 1)
         .await
         .unwrap();
